@@ -1,0 +1,64 @@
+# livemig — two commands: `make demo` and `make test`. Everything else is a step of them.
+SHELL := /bin/bash
+.ONESHELL:
+.SHELLFLAGS := -eu -o pipefail -c
+
+PY        ?= python3
+VENV      := .venv
+BIN       := $(VENV)/bin
+QEMU      := build/qemu/qemu-system-x86_64
+GUEST     := build/guest/vmlinuz build/guest/initrd.img
+PYTEST_ARGS ?=
+DEMO_ARGS ?= --memory 1G --workload mem:size=384M,rate=96M,hot=90/10 --bandwidth 128M \
+             --max-time 240 --report reports/demo.json
+
+.PHONY: help setup deps venv qemu qemu-upstream guest demo test lint unit qtest clean
+
+help:
+	@echo "make demo    migrate a busy VM with live progress, verify it, write reports/demo.json"
+	@echo "make test    lint + unit + integration tests (real QEMU, real guests)"
+	@echo "make setup   install packages, build QEMU and the guest image, put livemig on PATH"
+	@echo "make qtest   QEMU's own migration qtests (quick set) against build/qemu"
+
+deps:
+	@bash .ci/deps.sh
+
+venv: $(BIN)/.stamp
+$(BIN)/.stamp: pyproject.toml
+	@echo "== python venv ($(VENV))"
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	ln -sf "$(CURDIR)/$(BIN)/livemig" /usr/local/bin/livemig
+	touch $@
+
+qemu:
+	@bash qemu/build.sh
+
+qemu-upstream:
+	@bash qemu/build.sh --unpatched
+
+guest:
+	@bash guest/build.sh
+
+setup: deps venv qemu guest
+	@echo "== setup done: $$(command -v livemig)"
+
+demo: setup
+	mkdir -p reports
+	livemig migrate $(DEMO_ARGS)
+
+lint: venv
+	$(BIN)/ruff check src tests
+
+unit: venv
+	$(BIN)/pytest -q -m "not vm and not testbed" $(PYTEST_ARGS)
+
+test: setup lint
+	$(BIN)/pytest -v --durations=15 $(PYTEST_ARGS)
+
+qtest: qemu
+	@bash qemu/run-qtests.sh
+
+clean:
+	rm -rf build $(VENV) reports .pytest_cache .ruff_cache

@@ -1,0 +1,201 @@
+"""``livemig`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from livemig import __version__
+from livemig.accel import choose_accel
+from livemig.errors import FaultInjectionRefused, LivemigError, UsageError
+from livemig.migration import Fault, MigrateOptions, Migration, ensure_root
+from livemig.progress import Progress
+from livemig.report import build_report, summary, write_report
+from livemig.settings import LIVEMIG_SETTINGS, PROFILES, parse_sets, profile_settings
+from livemig.spec import parse_workload
+from livemig.units import parse_size
+
+EXIT_ABORTED = 3
+EXIT_MISMATCH = 4
+FAULT_ENV = "LIVEMIG_ALLOW_FAULT_INJECTION"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"livemig: error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="livemig", description=(
+        "Live migration of QEMU/KVM VMs that converges under load, verified."))
+    p.add_argument("--version", action="version", version=f"livemig {__version__}")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    m = sub.add_parser("migrate", help="boot a busy VM, migrate it live, verify, report",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description=_MIGRATE_DOC)
+    m.add_argument("--memory", default="1G", help="guest RAM (default 1G)")
+    m.add_argument("--vcpus", type=int, default=1, help="guest vCPUs (default 1)")
+    m.add_argument("--workload", default="mem:size=256M,rate=64M,hot=80/10",
+                   help="workload spec, e.g. mem:size=512M,rate=200M,hot=80/10+disk:bs=8K")
+    m.add_argument("--bandwidth", help="cap on the migration stream, bytes/s (e.g. 64M)")
+    m.add_argument("--profile", default="livemig", choices=list(PROFILES),
+                   help="settings preset (default livemig)")
+    m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a QEMU capability/parameter or livemig setting "
+                        "(repeatable)")
+    m.add_argument("--max-time", type=float, help="cancel if not done after SECONDS "
+                   "(the source keeps running)")
+    m.add_argument("--report", type=Path, help="write the JSON report here")
+    m.add_argument("--qemu", type=Path, help="QEMU binary (default build/qemu/...)")
+    m.add_argument("--accel", default="auto", help="auto|kvm|tcg (default auto)")
+    m.add_argument("--no-verify", action="store_true", help="skip the RAM comparison")
+    m.add_argument("--disk-size", default="256M", help="guest disk size when the "
+                   "workload writes to disk (default 256M)")
+    m.add_argument("--inject-fault", action="append", default=[], metavar="KIND@ADDR",
+                   help=f"debug: corrupt the destination (ram-byte@0xADDR); needs "
+                        f"{FAULT_ENV}=1")
+    m.add_argument("--keep-run-dir", action="store_true", help="keep logs of a good run")
+    m.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+
+    s = sub.add_parser("settings", help="list profiles and livemig settings")
+    s.add_argument("--profile", choices=list(PROFILES))
+
+    try:
+        from livemig.testbed.cli import register as register_testbed
+    except ImportError:  # testbed not installed in this checkout
+        pass
+    else:
+        register_testbed(sub)
+    return p
+
+
+_MIGRATE_DOC = """\
+Boot a source VM running a workload and a destination VM on this host, migrate the
+guest live, compare its RAM page by page, and report.
+
+exit status: 0 completed and consistent, 1 failed, 2 bad usage, 3 aborted
+(--max-time or Ctrl-C; the source keeps running), 4 completed with a consistency
+mismatch."""
+
+
+def _parse_faults(items: list[str]) -> list[Fault]:
+    if not items:
+        return []
+    if os.environ.get(FAULT_ENV) != "1":
+        raise FaultInjectionRefused(
+            f"--inject-fault corrupts the migrated guest on purpose; set {FAULT_ENV}=1 "
+            "to allow it")
+    faults = []
+    for item in items:
+        kind, sep, addr = item.partition("@")
+        if kind != "ram-byte" or not sep:
+            raise UsageError(f"bad --inject-fault {item!r}: expected ram-byte@0xADDRESS")
+        try:
+            faults.append(Fault(kind, int(addr, 0)))
+        except ValueError:
+            raise UsageError(f"bad --inject-fault address {addr!r}") from None
+    return faults
+
+
+def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
+    workload = parse_workload(a.workload)
+    memory = parse_size(a.memory, "--memory")
+    if memory < 128 << 20 or memory % (1 << 20):
+        raise UsageError("--memory must be a whole number of MiB, at least 128M")
+    if not 1 <= a.vcpus <= 64:
+        raise UsageError("--vcpus must be in 1..64")
+    if a.max_time is not None and a.max_time <= 0:
+        raise UsageError("--max-time must be positive")
+    wanted = profile_settings(a.profile)
+    wanted.update(parse_sets(a.set))
+    opts = MigrateOptions(
+        workload=workload, memory=memory, vcpus=a.vcpus,
+        bandwidth=parse_size(a.bandwidth, "--bandwidth") if a.bandwidth else None,
+        profile=a.profile, wanted=wanted, max_time=a.max_time,
+        verify=not a.no_verify, faults=_parse_faults(a.inject_fault),
+        disk_size=parse_size(a.disk_size, "--disk-size"),
+        keep_run_dir=a.keep_run_dir,
+    )
+    if a.qemu:
+        opts.qemu = a.qemu
+    if a.report and a.report.is_dir():
+        raise UsageError(f"--report {a.report} is a directory")
+    choice = choose_accel(a.accel)
+    opts.accel, opts.accel_reason = choice.name, choice.reason
+    return opts
+
+
+async def _run_migration(mig: Migration) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, mig.interrupt.set)
+    await mig.run()
+
+
+def cmd_migrate(a: argparse.Namespace) -> int:
+    opts = _migrate_options(a)
+    ensure_root()
+    mig = Migration(opts, Progress(enabled=not a.quiet))
+    asyncio.run(_run_migration(mig))
+    report = build_report(mig)
+    if a.report:
+        write_report(report, a.report)
+    print(summary(report))
+    if a.report:
+        print(f"report           {a.report}")
+    if report["outcome"] == "failed":
+        print(f"livemig: migration failed: {report['reason']} (logs: {mig.run_dir})",
+              file=sys.stderr)
+        return 1
+    if report["outcome"] == "aborted":
+        return EXIT_ABORTED
+    if "mismatch" in (report["consistency"]["ram"], report["consistency"]["guest"]):
+        return EXIT_MISMATCH
+    return 0
+
+
+def cmd_settings(a: argparse.Namespace) -> int:
+    names = [a.profile] if a.profile else list(PROFILES)
+    for name in names:
+        items = " ".join(f"{k}={v}" for k, v in PROFILES[name].items()) or "(QEMU defaults)"
+        print(f"profile {name}: {items}")
+    print("livemig settings:")
+    for key, st in LIVEMIG_SETTINGS.items():
+        print(f"  {key}={st.default}  {st.doc}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _build_parser()
+    a = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(a.verbose, 2),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    handlers = {"migrate": cmd_migrate, "settings": cmd_settings}
+    try:
+        if a.command in handlers:
+            return handlers[a.command](a)
+        if hasattr(a, "func"):
+            return int(a.func(a) or 0)
+        parser.print_help()
+        return 2
+    except LivemigError as e:
+        print(f"livemig: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("livemig: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

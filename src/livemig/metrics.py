@@ -1,0 +1,135 @@
+"""Pure computations on what the host observed: pauses and workload throughput.
+
+All inputs are host timestamps (``time.time()``) and cumulative counters, so these
+functions are unit-tested with synthetic traces, no VM needed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from livemig.agent import RateSample
+
+BIN_S = 0.1  # throughput is judged in 100 ms bins, the agent's report period
+
+
+@dataclass(frozen=True)
+class Gap:
+    seconds: float
+    start: float
+    end: float
+
+
+def longest_gap(times: Sequence[float], start: float, end: float) -> Gap | None:
+    """Longest interval without a heartbeat inside [start, end].
+
+    Heartbeats from both ends of the migration are merged; the window edges count
+    as heartbeats only where a real one exists outside them (so a channel that only
+    starts late does not count as a pause at the window start).
+    """
+    ts = sorted(times)
+    if len(ts) < 2:
+        return None
+    i = max(bisect.bisect_left(ts, start) - 1, 0)
+    j = min(bisect.bisect_right(ts, end) + 1, len(ts))
+    window = ts[i:j]
+    best: Gap | None = None
+    for a, b in itertools.pairwise(window):
+        if b < start or a > end:
+            continue
+        if best is None or b - a > best.seconds:
+            best = Gap(b - a, a, b)
+    return best
+
+
+def merged_counter(samples: Sequence[RateSample]) -> list[tuple[float, int]]:
+    """(time, cumulative work) merged over channels, sorted, made monotonic."""
+    pts = sorted((s.t, s.work) for s in samples)
+    out: list[tuple[float, int]] = []
+    high = 0
+    for t, w in pts:
+        high = max(high, w)
+        out.append((t, high))
+    return out
+
+
+def _value_at(pts: Sequence[tuple[float, int]], times: Sequence[float], t: float) -> float:
+    k = bisect.bisect_left(times, t)
+    if k <= 0:
+        return float(pts[0][1])
+    if k >= len(pts):
+        return float(pts[-1][1])
+    (t0, v0), (t1, v1) = pts[k - 1], pts[k]
+    if t1 == t0:
+        return float(v1)
+    return v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+
+
+def rate_series(
+    samples: Sequence[RateSample], start: float, end: float, bin_s: float = BIN_S
+) -> list[tuple[float, float]]:
+    """Throughput (bytes/s) in consecutive bins over [start, end], interpolated from
+    the cumulative counters; bins inside a silence get the little the counter moved."""
+    pts = merged_counter(samples)
+    if len(pts) < 2 or end <= start:
+        return []
+    times = [p[0] for p in pts]
+    out: list[tuple[float, float]] = []
+    t = start
+    prev = _value_at(pts, times, t)
+    while t + bin_s <= end + 1e-9:
+        cur = _value_at(pts, times, t + bin_s)
+        out.append((t, (cur - prev) / bin_s))
+        prev = cur
+        t += bin_s
+    return out
+
+
+def average_rate(samples: Sequence[RateSample], start: float, end: float) -> float | None:
+    pts = merged_counter([s for s in samples if start <= s.t <= end])
+    if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+        return None
+    return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+
+
+@dataclass(frozen=True)
+class WorkloadStats:
+    baseline_rate: float | None
+    min_rate: float | None
+    mean_rate_during: float | None
+    seconds_below_10pct: float | None
+    seconds_below_50pct: float | None
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {
+            "baseline_rate": self.baseline_rate,
+            "min_rate": self.min_rate,
+            "mean_rate_during": self.mean_rate_during,
+            "seconds_below_10pct": self.seconds_below_10pct,
+            "seconds_below_50pct": self.seconds_below_50pct,
+        }
+
+
+def workload_stats(
+    samples: Sequence[RateSample], baseline_start: float, start: float, end: float
+) -> WorkloadStats:
+    """Baseline from [baseline_start, start); dips judged over [start, end]."""
+    baseline = average_rate(samples, baseline_start, start)
+    series = rate_series(samples, start, end)
+    if not series:
+        return WorkloadStats(baseline, None, None, None, None)
+    rates = [r for _, r in series]
+    below10 = below50 = None
+    if baseline:
+        below10 = round(sum(BIN_S for r in rates if r < 0.1 * baseline), 3)
+        below50 = round(sum(BIN_S for r in rates if r < 0.5 * baseline), 3)
+    return WorkloadStats(
+        baseline_rate=baseline,
+        min_rate=min(rates),
+        mean_rate_during=sum(rates) / len(rates),
+        seconds_below_10pct=below10,
+        seconds_below_50pct=below50,
+    )

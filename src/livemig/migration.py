@@ -1,0 +1,538 @@
+"""The migration orchestrator: boots both ends, migrates, verifies, reports.
+
+State machine (every transition is logged and put in the timeline)::
+
+    INIT ─▶ BOOTING ─▶ WARMUP ─▶ MIGRATING ─▶ SWITCHED ─▶ VERIFYING ─▶ SETTLING ─▶ DONE
+              │           │          │  │                                           ▲
+              │           │          │  └─(max-time, Ctrl-C)─▶ CANCELLING ─▶ SETTLING┤
+              └───────────┴──────────┴───(QEMU error, dead peer)──▶ FAILED ─────────┘
+
+Rollback rule: until the destination has resumed the guest, the source is the VM.
+Whatever goes wrong before that point, the source is left (or put back) running and
+the destination is killed; the report says whether the source really runs on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import shutil
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from livemig import metrics, paths
+from livemig.agent import AgentLink
+from livemig.errors import LivemigError, UsageError, VMError
+from livemig.progress import Progress
+from livemig.ramcheck import RamComparison, compare_ram, corrupt_byte
+from livemig.settings import Resolved, resolve
+from livemig.spec import Workload
+from livemig.vm import VM, Disk, VMConfig
+
+log = logging.getLogger(__name__)
+
+BOOT_TIMEOUT_S = 180.0
+GUEST_OVERHEAD = 160 << 20  # kernel + initramfs + agent, on top of the workload's memory
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+class Phase(enum.Enum):
+    INIT = "init"
+    BOOTING = "booting"
+    WARMUP = "warmup"
+    MIGRATING = "migrating"
+    CANCELLING = "cancelling"
+    SWITCHED = "switched"
+    VERIFYING = "verifying"
+    SETTLING = "settling"
+    FAILED = "failed"
+    DONE = "done"
+
+
+_NEXT: dict[Phase, set[Phase]] = {
+    Phase.INIT: {Phase.BOOTING, Phase.FAILED},
+    Phase.BOOTING: {Phase.WARMUP, Phase.FAILED, Phase.CANCELLING},
+    Phase.WARMUP: {Phase.MIGRATING, Phase.FAILED, Phase.CANCELLING},
+    Phase.MIGRATING: {Phase.SWITCHED, Phase.CANCELLING, Phase.FAILED},
+    Phase.CANCELLING: {Phase.SETTLING, Phase.FAILED},
+    Phase.SWITCHED: {Phase.VERIFYING, Phase.SETTLING, Phase.FAILED},
+    Phase.VERIFYING: {Phase.SETTLING, Phase.FAILED},
+    Phase.SETTLING: {Phase.DONE, Phase.FAILED},
+    Phase.FAILED: {Phase.SETTLING, Phase.DONE},
+    Phase.DONE: set(),
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A deliberate corruption, for proving that verification can fail."""
+
+    kind: str  # "ram-byte"
+    address: int
+
+
+@dataclass
+class MigrateOptions:
+    workload: Workload
+    memory: int = 1 << 30
+    vcpus: int = 1
+    bandwidth: int | None = None  # bytes/s cap on the migration stream
+    profile: str = "livemig"
+    wanted: dict[str, str] = field(default_factory=dict)  # profile + --set, merged
+    max_time: float | None = None
+    qemu: Path = field(default_factory=paths.default_qemu)
+    accel: str = "tcg"
+    accel_reason: str = ""
+    verify: bool = True
+    faults: list[Fault] = field(default_factory=list)
+    disk_size: int = 256 << 20
+    keep_run_dir: bool = False
+
+
+@dataclass
+class Outcome:
+    outcome: str = "failed"  # completed | aborted | failed
+    reason: str | None = None
+
+
+class Interrupted(LivemigError):
+    """Ctrl-C or SIGTERM during a run."""
+
+
+class Migration:
+    """One run of ``livemig migrate``."""
+
+    def __init__(self, opts: MigrateOptions, progress: Progress | None = None) -> None:
+        self.opts = opts
+        self.progress = progress or Progress(enabled=False)
+        self.id = uuid.uuid4().hex[:8]
+        self.run_dir = paths.run_root() / self.id
+        self.phase = Phase.INIT
+        self.result = Outcome()
+        self.timeline: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.src: VM | None = None
+        self.dst: VM | None = None
+        self.src_agent: AgentLink | None = None
+        self.dst_agent: AgentLink | None = None
+        self.resolved = Resolved()
+        self.t0 = time.time()
+        self.t_ready: float | None = None
+        self.t_migrate: float | None = None
+        self.t_end: float | None = None
+        self.t_dst_done: float | None = None
+        self.t_cont: float | None = None
+        self.final_stats: dict[str, Any] = {}
+        self.ram_check: RamComparison | None = None
+        self.source_after: dict[str, Any] | None = None
+        self.cpu: dict[str, float | None] = {}
+        self.interrupt = asyncio.Event()
+        self._mem_files: list[Path] = []
+
+    # -- bookkeeping ------------------------------------------------------------------
+    def _to(self, phase: Phase, why: str = "") -> None:
+        if phase not in _NEXT[self.phase]:
+            raise AssertionError(f"bad transition {self.phase.value} -> {phase.value}")
+        log.info("phase %s -> %s %s", self.phase.value, phase.value, why)
+        self.event(f"phase {phase.value}" + (f": {why}" if why else ""))
+        self.phase = phase
+
+    def event(self, what: str, **data: Any) -> None:
+        self.events.append({"t": round(time.time() - self.t0, 3), "event": what, **data})
+
+    # -- main -------------------------------------------------------------------------
+    async def run(self) -> Outcome:
+        try:
+            await self._run()
+        except Interrupted as e:
+            await self._rollback("aborted", str(e))
+        except (LivemigError, OSError) as e:
+            if isinstance(e, UsageError) and self.phase in (Phase.INIT, Phase.BOOTING):
+                await self._cleanup()
+                raise
+            await self._rollback("failed", str(e))
+        finally:
+            self.t_end = self.t_end or time.time()
+            await self._cleanup()
+        return self.result
+
+    async def _run(self) -> None:
+        o = self.opts
+        paths.require_file(o.qemu, "QEMU binary", "run 'make setup' or pass --qemu")
+        paths.require_file(paths.guest_kernel(), "guest kernel", "run 'make setup'")
+        paths.require_file(paths.guest_initrd(), "guest initrd", "run 'make setup'")
+        need = o.workload.mem_bytes + GUEST_OVERHEAD
+        if need > o.memory:
+            raise UsageError(
+                f"workload needs about {need >> 20} MiB of guest RAM but --memory is "
+                f"{o.memory >> 20} MiB"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._to(Phase.BOOTING)
+        self.progress.step(f"run {self.id}: accel {o.accel} ({o.accel_reason}), "
+                           f"QEMU {o.qemu}, logs in {self.run_dir}")
+        disks = self._make_disks()
+        self.src = VM(self._vm_config("src", disks, incoming=False))
+        self.src.start()
+        await self.src.connect()
+        self.src_agent = AgentLink("src", self.src.config.agent_path)
+        await self.src_agent.connect()
+        await self._check_interrupt()
+        self.progress.step(f"source booting, workload {o.workload.text}")
+        await self._wait_ready()
+        self.resolved = await self._resolve_settings()
+        self.dst = VM(self._vm_config("dst", disks, incoming=True))
+        self.dst.start()
+        await self.dst.connect()
+        self.dst_agent = AgentLink("dst", self.dst.config.agent_path)
+        await self.dst_agent.connect()
+        await self._apply_settings()
+        port = _free_port()
+        await self.dst.cmd("migrate-incoming", uri=f"tcp:127.0.0.1:{port}")
+
+        self._to(Phase.WARMUP)
+        warm = float(self.resolved.livemig["warmup"])
+        self.progress.step(f"measuring the workload's normal rate for {warm:.0f}s")
+        await self._sleep(warm)
+
+        self._to(Phase.MIGRATING)
+        self.src.sample_threads()
+        self.cpu["source_before"] = self.src.cpu_seconds()
+        self.t_migrate = time.time()
+        await self.src.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
+        self.progress.step("migration started")
+        status = await self._monitor()
+        if status == "completed":
+            await self._switchover()
+        elif status == "cancelled":
+            await self._finish_cancel()
+        else:
+            raise VMError(f"migration {status}: {self.final_stats.get('error-desc', '?')}")
+
+    # -- steps ------------------------------------------------------------------------
+    def _make_disks(self) -> list[Disk]:
+        w = self.opts.workload
+        if not (w.disk or (w.verify and w.verify.disk)):
+            return []
+        need = max([d.size or 0 for d in w.disk] + [w.verify.disk if w.verify else 0])
+        size = max(self.opts.disk_size, need)
+        img = self.run_dir / "disk0.raw"
+        with open(img, "wb") as f:
+            f.truncate(size)
+        self.event("disk created", path=str(img), size=size)
+        return [Disk(img)]
+
+    def _vm_config(self, name: str, disks: list[Disk], incoming: bool) -> VMConfig:
+        o = self.opts
+        mem_path = paths.shm_root() / f"livemig-{self.id}-{name}.ram"
+        with contextlib.suppress(FileNotFoundError):
+            mem_path.unlink()
+        self._mem_files.append(mem_path)
+        append = f"console=ttyS0 quiet livemig.workload={o.workload.text}"
+        return VMConfig(
+            name=name, qemu=o.qemu, memory=o.memory, vcpus=o.vcpus, accel=o.accel,
+            kernel=paths.guest_kernel(), initrd=paths.guest_initrd(), append=append,
+            run_dir=self.run_dir, mem_path=mem_path, incoming=incoming,
+            start_paused=incoming and o.verify, disks=disks,
+        )
+
+    async def _wait_ready(self) -> None:
+        assert self.src is not None and self.src_agent is not None
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while not self.src_agent.ready.is_set():
+            await self._check_interrupt()
+            if not self.src.alive():
+                raise VMError(f"source QEMU exited during boot: {self.src.log_tail()}")
+            if self.src_agent.errors:
+                raise UsageError(f"guest agent: {self.src_agent.errors[-1]}")
+            if time.monotonic() > deadline:
+                raise VMError(f"guest not ready within {BOOT_TIMEOUT_S:.0f}s "
+                              f"(console: {self.src.config.console_path})")
+            await asyncio.sleep(0.05)
+        self.t_ready = time.time()
+        self.event("guest ready", boot_s=round(self.t_ready - (self.src.started_at or 0), 2))
+        self.progress.step(f"guest ready after {self.t_ready - (self.src.started_at or 0):.1f}s")
+
+    async def _resolve_settings(self) -> Resolved:
+        assert self.src is not None
+        caps = {c["capability"]: c["state"] for c in await self.src.cmd(
+            "query-migrate-capabilities")}
+        params = await self.src.cmd("query-migrate-parameters")
+        wanted = dict(self.opts.wanted)
+        if self.opts.bandwidth is not None:
+            wanted["max-bandwidth"] = str(self.opts.bandwidth)
+        return resolve(wanted, caps, params)
+
+    async def _apply_settings(self) -> None:
+        r = self.resolved
+        for vm in (self.src, self.dst):
+            assert vm is not None
+            if r.capabilities:
+                await vm.cmd("migrate-set-capabilities", capabilities=[
+                    {"capability": k, "state": v} for k, v in r.capabilities.items()])
+            if r.parameters:
+                await vm.cmd("migrate-set-parameters", **r.parameters)
+        self.event("settings applied", **r.as_dict())
+
+    async def _monitor(self) -> str:
+        """Poll the source until the migration ends; cancel on max-time or Ctrl-C."""
+        assert self.src is not None and self.dst is not None and self.t_migrate
+        interval = float(self.resolved.livemig["poll-interval"])
+        cancelled_for: str | None = None
+        while True:
+            info = await self.src.cmd("query-migrate")
+            self.src.sample_threads()
+            now = time.time()
+            self._record_sample(now, info)
+            status = info.get("status", "?")
+            if status in TERMINAL:
+                self.final_stats = info
+                if cancelled_for and status == "cancelled":
+                    self.result.reason = cancelled_for
+                return str(status)
+            if cancelled_for is None:
+                if self.interrupt.is_set():
+                    cancelled_for = "interrupted"
+                elif self.opts.max_time and now - self.t_migrate > self.opts.max_time:
+                    cancelled_for = f"did not converge within --max-time {self.opts.max_time:g}s"
+                elif not self.dst.alive():
+                    raise VMError(f"destination QEMU died: {self.dst.log_tail()}")
+                if cancelled_for:
+                    self._to(Phase.CANCELLING, cancelled_for)
+                    self.progress.step(f"cancelling: {cancelled_for}")
+                    await self.src.cmd("migrate_cancel")
+            await asyncio.sleep(interval)
+
+    def _record_sample(self, now: float, info: dict[str, Any]) -> None:
+        assert self.t_migrate is not None
+        ram = info.get("ram", {})
+        page = ram.get("page-size", 4096) or 4096
+        mbps = ram.get("mbps")
+        remaining = ram.get("remaining")
+        bandwidth = mbps * 1e6 / 8 if mbps else None
+        sample: dict[str, Any] = {
+            "t": round(now - self.t_migrate, 3),
+            "status": info.get("status"),
+            "rounds": ram.get("dirty-sync-count", 0),
+            "transferred": ram.get("transferred"),
+            "remaining": remaining,
+            "dirty_rate": (ram.get("dirty-pages-rate") or 0) * page,
+            "bandwidth": bandwidth,
+            "throttle_pct": info.get("cpu-throttle-percentage", 0),
+            "expected_downtime_ms": info.get("expected-downtime"),
+            "guest_rate": self._guest_rate(),
+        }
+        if sample["guest_rate"] is not None and self._baseline():
+            sample["guest_rate_pct"] = 100.0 * sample["guest_rate"] / self._baseline()
+        if bandwidth and remaining is not None:
+            sample["eta_s"] = remaining / bandwidth
+        self.timeline.append(sample)
+        self.progress.sample(now - self.t_migrate, sample)
+
+    def _all_rates(self) -> list[Any]:
+        rates: list[Any] = []
+        for a in (self.src_agent, self.dst_agent):
+            if a is not None:
+                rates += a.rates
+        return rates
+
+    def _guest_rate(self) -> float | None:
+        now = time.time()
+        return metrics.average_rate(self._all_rates(), now - 1.0, now)
+
+    def _baseline(self) -> float | None:
+        if self.t_ready is None or self.t_migrate is None:
+            return None
+        return metrics.average_rate(self._all_rates(), self.t_ready, self.t_migrate)
+
+    async def _switchover(self) -> None:
+        assert self.src is not None and self.dst is not None
+        self._to(Phase.SWITCHED)
+        self.cpu["source"] = _delta(self.src.cpu_seconds(), self.cpu.get("source_before"))
+        self.t_dst_done = await self._wait_destination_done()
+        if self.opts.verify:
+            self._to(Phase.VERIFYING)
+            for fault in self.opts.faults:
+                self._inject(fault)
+            self.progress.step("comparing guest RAM: source vs destination")
+            src_file, dst_file = self.src.config.mem_path, self.dst.config.mem_path
+            self.ram_check = await asyncio.to_thread(
+                compare_ram, src_file, dst_file, self.opts.memory)
+            self.event("ram compared", **self.ram_check.as_dict())
+            await self.dst.cmd("cont")
+            self.t_cont = time.time()
+        self.result = Outcome("completed")
+        self._to(Phase.SETTLING)
+        await self._sleep(float(self.resolved.livemig["settle"]), interruptible=False)
+        self.cpu["destination"] = self.dst.cpu_seconds()
+        status = await self.dst.cmd("query-status")
+        self.event("destination after", status=status.get("status"))
+        if status.get("status") != "running":
+            raise VMError(f"destination is {status.get('status')} after the migration")
+
+    async def _wait_destination_done(self) -> float:
+        """Wait for the destination to finish loading; return when it did (host time)."""
+        assert self.dst is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            info = await self.dst.cmd("query-migrate")
+            if info.get("status") == "completed":
+                return time.time()
+            if info.get("status") == "failed":
+                raise VMError(f"destination failed to load: {info.get('error-desc', '?')}")
+            if not self.dst.alive():
+                raise VMError(f"destination QEMU died: {self.dst.log_tail()}")
+            await asyncio.sleep(0.005)
+        raise VMError("destination did not finish loading within 60s")
+
+    def _inject(self, fault: Fault) -> None:
+        assert self.dst is not None
+        if fault.kind == "ram-byte":
+            corrupt_byte(self.dst.config.mem_path, fault.address, self.opts.memory)
+            self.event("fault injected", kind=fault.kind, address=f"{fault.address:#x}")
+            self.progress.step(f"FAULT INJECTED: flipped a byte of destination RAM at "
+                               f"{fault.address:#x}")
+        else:
+            raise UsageError(f"unknown fault kind {fault.kind!r}")
+
+    async def _finish_cancel(self) -> None:
+        self.result = Outcome("aborted", self.result.reason or "cancelled")
+        await self._source_after()
+
+    async def _rollback(self, outcome: str, reason: str) -> None:
+        """Leave the source running, kill the destination, say what happened."""
+        log.info("rollback: %s: %s", outcome, reason)
+        self.progress.step(f"{outcome}: {reason}")
+        self.t_end = time.time()
+        if self.result.outcome == "completed":
+            # switched over already: the destination is the VM now; only record.
+            self.result = Outcome("failed", reason)
+            with contextlib.suppress(AssertionError):
+                self._to(Phase.FAILED, reason)
+            return
+        self.result = Outcome(outcome, reason)
+        with contextlib.suppress(AssertionError):
+            self._to(Phase.FAILED, reason)
+        if self.src is None or not self.src.alive() or self.t_migrate is None:
+            return
+        with contextlib.suppress(LivemigError):
+            info = await self.src.cmd("query-migrate")
+            if info.get("status") not in (*TERMINAL, None):
+                await self.src.cmd("migrate_cancel")
+                await self._wait_source_terminal()
+        await self._source_after()
+
+    async def _wait_source_terminal(self) -> None:
+        assert self.src is not None
+        for _ in range(200):
+            info = await self.src.cmd("query-migrate")
+            if info.get("status") in TERMINAL:
+                self.final_stats = info
+                return
+            await asyncio.sleep(0.05)
+
+    async def _source_after(self) -> None:
+        """After a cancel or failure: make sure the source runs and its guest works."""
+        assert self.src is not None
+        if self.dst is not None:
+            self.dst.kill()
+        self.cpu["source"] = _delta(self.src.cpu_seconds(), self.cpu.get("source_before"))
+        after: dict[str, Any] = {"running": False}
+        try:
+            status = (await self.src.cmd("query-status")).get("status")
+            if status in ("postmigrate", "paused", "finish-migrate"):
+                self.event("source was left paused; resuming it", status=status)
+                await self.src.cmd("cont")
+                status = (await self.src.cmd("query-status")).get("status")
+            after["status"] = status
+            after["running"] = status == "running"
+            t = time.time()
+            await self._sleep(float(self.resolved.livemig["settle"]), interruptible=False)
+            src_rates = self.src_agent.rates if self.src_agent else []
+            after["workload_rate"] = metrics.average_rate(src_rates, t, time.time())
+        except LivemigError as e:
+            after["error"] = str(e)
+        after["destination_alive"] = bool(self.dst and self.dst.alive())
+        self.source_after = after
+        self.event("source after", **after)
+
+    async def _sleep(self, seconds: float, interruptible: bool = True) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if interruptible:
+                await self._check_interrupt()
+            await asyncio.sleep(min(0.05, end - time.monotonic()) if end > time.monotonic()
+                                else 0)
+
+    async def _check_interrupt(self) -> None:
+        if self.interrupt.is_set():
+            raise Interrupted("interrupted")
+
+    async def _cleanup(self) -> None:
+        self.progress.close()
+        for agent in (self.src_agent, self.dst_agent):
+            if agent is not None:
+                await agent.close()
+        for vm in (self.dst, self.src):
+            if vm is not None:
+                with contextlib.suppress(Exception):
+                    await vm.stop()
+        for f in self._mem_files:
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+        disk = self.run_dir / "disk0.raw"
+        with contextlib.suppress(FileNotFoundError):
+            disk.unlink()
+        if self.result.outcome == "completed" and not self.opts.keep_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    # -- results ----------------------------------------------------------------------
+    def pause(self) -> dict[str, float | None]:
+        """Longest guest-visible silence, minus the time the guest was held for the
+        RAM comparison (which a real migration does not have)."""
+        beats: list[float] = []
+        for a in (self.src_agent, self.dst_agent):
+            if a is not None:
+                beats += a.heartbeats
+        if self.t_migrate is None:
+            return {"guest_pause_ms": None, "guest_pause_raw_ms": None, "verify_hold_ms": None}
+        end = (self.t_cont or self.t_end or time.time()) + 1.0
+        gap = metrics.longest_gap(beats, self.t_migrate, end)
+        hold = None
+        if self.t_cont is not None and self.t_dst_done is not None:
+            hold = self.t_cont - self.t_dst_done
+        raw = gap.seconds if gap else None
+        pause = raw
+        if gap and hold is not None and gap.start <= self.t_dst_done <= gap.end:  # type: ignore[operator]
+            pause = max(gap.seconds - hold, 0.0)
+        return {
+            "guest_pause_ms": _ms(pause),
+            "guest_pause_raw_ms": _ms(raw),
+            "verify_hold_ms": _ms(hold),
+        }
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else round(s * 1000.0, 1)
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round(a - b, 3)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_root() -> None:
+    if os.geteuid() != 0:
+        raise UsageError("livemig must run as root (namespaces, /run/livemig, /dev/shm)")

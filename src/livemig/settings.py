@@ -1,0 +1,135 @@
+"""Profiles and ``--set key=value`` overrides.
+
+A setting is one of three kinds, decided against what the QEMU binary in use
+reports (``query-migrate-capabilities`` / ``query-migrate-parameters``) so that a
+patched and a stock QEMU are both handled and a typo is caught:
+
+- a QEMU migration capability (boolean),
+- a QEMU migration parameter (its type taken from QEMU's current value),
+- a livemig control-plane setting (registered in ``LIVEMIG_SETTINGS``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from livemig.errors import UsageError
+from livemig.units import parse_size
+
+_TRUE = {"on", "true", "yes", "1"}
+_FALSE = {"off", "false", "no", "0"}
+
+
+@dataclass(frozen=True)
+class LivemigSetting:
+    default: Any
+    kind: type
+    doc: str
+
+
+LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
+    "warmup": LivemigSetting(3.0, float, "seconds of workload measured before migrating"),
+    "settle": LivemigSetting(2.0, float, "seconds the guest is observed after the end"),
+    "poll-interval": LivemigSetting(0.25, float, "seconds between query-migrate polls"),
+}
+
+# Stock QEMU only: these are the baselines livemig is judged against.
+PROFILES: dict[str, dict[str, str]] = {
+    "defaults": {},
+    "upstream": {
+        "auto-converge": "on", "multifd": "on", "multifd-channels": "2",
+        "multifd-compression": "zstd", "multifd-zstd-level": "1",
+    },
+    "upstream-xbzrle": {"auto-converge": "on", "xbzrle": "on", "xbzrle-cache-size": "256M"},
+    "upstream-plain": {"auto-converge": "on"},
+    # Everything livemig has, on. Grows with the mechanism patches and the policies.
+    "livemig": {"auto-converge": "on", "xbzrle": "on", "xbzrle-cache-size": "256M"},
+}
+
+
+def parse_sets(items: list[str]) -> dict[str, str]:
+    """``["a=1", "b=on"]`` → ``{"a": "1", "b": "on"}`` with one-line errors."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not value.strip():
+            raise UsageError(f"bad --set {item!r}: expected key=value")
+        out[key] = value.strip()
+    return out
+
+
+def profile_settings(profile: str) -> dict[str, str]:
+    if profile not in PROFILES:
+        raise UsageError(f"unknown profile {profile!r}: choose from {', '.join(PROFILES)}")
+    return dict(PROFILES[profile])
+
+
+def _bool(key: str, value: str) -> bool:
+    v = value.lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise UsageError(f"bad --set {key}={value}: expected on or off")
+
+
+@dataclass
+class Resolved:
+    """Settings split by kind, with values converted to the right types."""
+
+    capabilities: dict[str, bool] = field(default_factory=dict)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    livemig: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "capabilities": dict(self.capabilities),
+            "parameters": dict(self.parameters),
+            "livemig": dict(self.livemig),
+        }
+
+
+def resolve(
+    wanted: Mapping[str, str],
+    qemu_caps: Mapping[str, bool],
+    qemu_params: Mapping[str, Any],
+) -> Resolved:
+    """Classify and convert ``wanted`` against what this QEMU supports."""
+    res = Resolved()
+    res.livemig = {k: s.default for k, s in LIVEMIG_SETTINGS.items()}
+    for key, value in wanted.items():
+        if key in LIVEMIG_SETTINGS:
+            setting = LIVEMIG_SETTINGS[key]
+            try:
+                res.livemig[key] = setting.kind(value)
+            except ValueError:
+                raise UsageError(f"bad --set {key}={value}: {setting.doc}") from None
+        elif key in qemu_caps:
+            res.capabilities[key] = _bool(key, value)
+        elif key in qemu_params:
+            res.parameters[key] = _convert_param(key, value, qemu_params[key])
+        else:
+            raise UsageError(
+                f"unknown setting {key!r}: not a livemig setting, nor a migration capability "
+                "or parameter of this QEMU (is it the patched build?)"
+            )
+    return res
+
+
+def _convert_param(key: str, value: str, current: Any) -> Any:
+    if isinstance(current, bool):
+        return _bool(key, value)
+    if isinstance(current, int):
+        try:
+            return int(value)
+        except ValueError:
+            return parse_size(value, f"--set {key}")
+    if isinstance(current, float):
+        try:
+            return float(value)
+        except ValueError:
+            raise UsageError(f"bad --set {key}={value}: expected a number") from None
+    return value

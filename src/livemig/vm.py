@@ -1,0 +1,255 @@
+"""One QEMU process: its command line, its life cycle and its QMP monitor.
+
+A VM here is always one of the two ends of a migration. Both ends get the same
+devices; the destination additionally waits for ``migrate-incoming`` (``-incoming
+defer``) and may be told not to start by itself after the migration (``-S``) so
+that its RAM can be compared with the source's before the guest runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qemu.qmp import QMPClient
+from qemu.qmp.error import QMPError
+
+from livemig.errors import VMError
+from livemig.paths import FIRMWARE_DIRS
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+AGENT_PORT_NAME = "org.livemig.agent0"
+
+
+def _die_with_parent() -> None:
+    """Run in the child before exec: QEMU gets SIGKILL when livemig dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Disk:
+    """A raw disk image attached as virtio-blk (node name = ``node``)."""
+
+    path: Path
+    node: str = "disk0"
+    fmt: str = "raw"
+
+
+@dataclass
+class VMConfig:
+    name: str  # "src" or "dst"
+    qemu: Path
+    memory: int  # bytes
+    vcpus: int
+    accel: str
+    kernel: Path
+    initrd: Path
+    append: str
+    run_dir: Path
+    mem_path: Path
+    incoming: bool = False  # destination: -incoming defer
+    start_paused: bool = False  # -S: do not run the guest after an incoming migration
+    disks: list[Disk] = field(default_factory=list)
+    exec_prefix: list[str] = field(default_factory=list)  # e.g. ip netns exec lm-src
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def qmp_path(self) -> Path:
+        return self.run_dir / f"{self.name}.qmp"
+
+    @property
+    def agent_path(self) -> Path:
+        return self.run_dir / f"{self.name}.agent"
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / f"{self.name}.log"
+
+    @property
+    def console_path(self) -> Path:
+        return self.run_dir / f"{self.name}.console"
+
+    def argv(self) -> list[str]:
+        mib = self.memory >> 20
+        argv = [str(self.qemu), "-name", f"livemig-{self.name},debug-threads=on"]
+        for d in FIRMWARE_DIRS:
+            argv += ["-L", str(d)]
+        argv += [
+            "-nodefaults", "-no-user-config", "-display", "none",
+            "-accel", self.accel,
+            "-machine", "q35,memory-backend=ram0",
+            "-object",
+            f"memory-backend-file,id=ram0,size={mib}M,mem-path={self.mem_path},share=on",
+            "-m", f"{mib}M",
+            "-smp", str(self.vcpus),
+            "-kernel", str(self.kernel), "-initrd", str(self.initrd),
+            "-append", self.append,
+            "-serial", f"file:{self.console_path}",
+            "-chardev", f"socket,id=qmp,path={self.qmp_path},server=on,wait=off",
+            "-mon", "chardev=qmp,mode=control",
+            "-device", "virtio-serial-pci,id=vser0",
+            "-chardev", f"socket,id=agentch,path={self.agent_path},server=on,wait=off",
+            "-device", f"virtserialport,bus=vser0.0,chardev=agentch,name={AGENT_PORT_NAME}",
+        ]
+        if self.accel == "kvm":
+            argv += ["-cpu", "host"]
+        for i, disk in enumerate(self.disks):
+            argv += [
+                "-blockdev",
+                f"driver=file,filename={disk.path},node-name={disk.node}-file,"
+                "cache.direct=off,aio=threads",
+                "-blockdev", f"driver={disk.fmt},file={disk.node}-file,node-name={disk.node}",
+                "-device", f"virtio-blk-pci,drive={disk.node},id=vdisk{i}",
+            ]
+        if self.incoming:
+            argv += ["-incoming", "defer"]
+        if self.start_paused:
+            argv += ["-S"]
+        return self.exec_prefix + argv + self.extra_args
+
+
+class VM:
+    """A running QEMU process with its QMP connection."""
+
+    def __init__(self, config: VMConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.qmp: QMPClient | None = None
+        self.started_at: float | None = None
+        self._thread_cpu: dict[int, tuple[str, float]] = {}
+
+    # -- life cycle -------------------------------------------------------------------
+    def start(self) -> None:
+        cfg = self.config
+        for p in (cfg.qmp_path, cfg.agent_path):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        argv = cfg.argv()
+        log.info("%s: starting: %s", self.name, " ".join(argv))
+        logf = open(cfg.log_path, "wb")  # noqa: SIM115 - handed to the child
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as e:
+            raise VMError(f"{self.name}: cannot run {argv[0]}: {e.strerror}") from e
+        finally:
+            logf.close()
+        self.started_at = time.time()
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            text = self.config.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(text[-lines:])
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    async def connect(self, timeout: float = 30.0) -> None:
+        """Connect to QMP once the socket appears; fail early if QEMU exits."""
+        deadline = time.monotonic() + timeout
+        while not self.config.qmp_path.exists():
+            if not self.alive():
+                raise VMError(f"{self.name}: QEMU exited at start: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise VMError(f"{self.name}: QMP socket did not appear within {timeout:.0f}s")
+            await asyncio.sleep(0.02)
+        client = QMPClient(f"livemig-{self.name}")
+        try:
+            await asyncio.wait_for(client.connect(str(self.config.qmp_path)), timeout)
+        except (QMPError, OSError, TimeoutError) as e:
+            raise VMError(f"{self.name}: cannot connect to QMP: {e}") from e
+        self.qmp = client
+
+    async def cmd(self, command: str, **args: Any) -> Any:
+        if self.qmp is None:
+            raise VMError(f"{self.name}: not connected")
+        try:
+            return await self.qmp.execute(command, args or None)
+        except QMPError as e:
+            raise VMError(f"{self.name}: {command}: {e}") from e
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Quit QEMU politely, then kill it."""
+        if self.qmp is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.qmp.execute("quit"), 2.0)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.qmp.disconnect(), 2.0)
+            self.qmp = None
+        self.kill(timeout)
+
+    def kill(self, timeout: float = 5.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=0.5 if timeout else 0)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=timeout)
+
+    # -- accounting -------------------------------------------------------------------
+    def cpu_seconds(self) -> float | None:
+        """User+system CPU seconds of the whole process so far."""
+        if not self.alive():
+            return None
+        return _stat_cpu(Path(f"/proc/{self.pid}/stat"))
+
+    def sample_threads(self) -> None:
+        """Remember each thread's CPU time (threads end with the migration)."""
+        if not self.alive():
+            return
+        task_dir = Path(f"/proc/{self.pid}/task")
+        try:
+            tids = list(task_dir.iterdir())
+        except OSError:
+            return
+        for t in tids:
+            try:
+                comm = (t / "comm").read_text().strip()
+                cpu = _stat_cpu(t / "stat")
+            except OSError:
+                continue
+            if cpu is not None:
+                self._thread_cpu[int(t.name)] = (comm, cpu)
+
+    def migration_thread_cpu(self) -> float:
+        """CPU seconds of QEMU's migration threads seen so far (main + multifd)."""
+        return sum(cpu for comm, cpu in self._thread_cpu.values() if _is_migration_thread(comm))
+
+
+def _is_migration_thread(comm: str) -> bool:
+    return comm.startswith(("mig/", "live_migration", "multifd"))
+
+
+def _stat_cpu(path: Path) -> float | None:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    # fields[0] is state (field 3); utime, stime are fields 14, 15
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK

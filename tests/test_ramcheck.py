@@ -1,0 +1,34 @@
+import os
+
+from livemig.ramcheck import compare_ram, corrupt_byte, gpa_to_offset, offset_to_gpa
+
+
+def _pair(tmp_path, size):
+    data = os.urandom(size)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(data)
+    b.write_bytes(data)
+    return a, b
+
+
+def test_identical(tmp_path):
+    a, b = _pair(tmp_path, 8 << 20)
+    res = compare_ram(a, b, 8 << 20)
+    assert res.ok and res.pages == 2048
+
+
+def test_one_flipped_byte_is_named(tmp_path):
+    a, b = _pair(tmp_path, 8 << 20)
+    corrupt_byte(b, 0x5A3123, 8 << 20)
+    res = compare_ram(a, b, 8 << 20)
+    assert not res.ok and res.mismatched_pages == 1
+    assert res.first_mismatches == [0x5A3000]
+    assert res.as_dict()["first_mismatches"] == ["0x5a3000"]
+
+
+def test_q35_high_memory_mapping():
+    ram = 4 << 30  # >= 2.75G: 2G below 4G, the rest above
+    assert offset_to_gpa(0x1000, ram) == 0x1000
+    assert offset_to_gpa(0x80000000, ram) == 1 << 32
+    assert gpa_to_offset(1 << 32, ram) == 0x80000000
+    assert offset_to_gpa(0x1000, 1 << 30) == 0x1000

@@ -1,0 +1,40 @@
+import pytest
+
+from livemig.errors import UsageError
+from livemig.settings import parse_sets, profile_settings, resolve
+
+CAPS = {"auto-converge": False, "multifd": False, "xbzrle": False}
+PARAMS = {"max-bandwidth": 0, "multifd-compression": "none", "multifd-channels": 2,
+          "block-incremental": False}
+
+
+def test_resolve_kinds_and_types():
+    r = resolve({"auto-converge": "on", "max-bandwidth": "64M", "multifd-compression": "zstd",
+                 "multifd-channels": "4", "warmup": "1.5"}, CAPS, PARAMS)
+    assert r.capabilities == {"auto-converge": True}
+    assert r.parameters == {"max-bandwidth": 64 << 20, "multifd-compression": "zstd",
+                            "multifd-channels": 4}
+    assert r.livemig["warmup"] == 1.5 and r.livemig["settle"] == 2.0
+
+
+@pytest.mark.parametrize(("wanted", "msg"), [
+    ({"no-such-thing": "1"}, "unknown setting"),
+    ({"multifd": "maybe"}, "expected on or off"),
+    ({"multifd-channels": "lots"}, "bad"),
+    ({"warmup": "soon"}, "bad --set warmup"),
+])
+def test_resolve_errors(wanted, msg):
+    with pytest.raises(UsageError, match=msg):
+        resolve(wanted, CAPS, PARAMS)
+
+
+def test_parse_sets():
+    assert parse_sets(["a=1", "b = on"]) == {"a": "1", "b": "on"}
+    with pytest.raises(UsageError):
+        parse_sets(["novalue"])
+
+
+def test_profiles():
+    assert profile_settings("upstream")["multifd-compression"] == "zstd"
+    with pytest.raises(UsageError):
+        profile_settings("fastest")
