@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -64,6 +65,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help=f"debug: corrupt the destination (ram-byte@0xADDR); needs "
                         f"{FAULT_ENV}=1")
     m.add_argument("--keep-run-dir", action="store_true", help="keep logs of a good run")
+    m.add_argument("--run-id", help="name of this run (default: random); QEMU processes "
+                   "are named livemig-RUNID-src/dst")
     m.add_argument("-q", "--quiet", action="store_true", help="no live progress")
 
     s = sub.add_parser("settings", help="list profiles and livemig settings")
@@ -123,8 +126,10 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         profile=a.profile, wanted=wanted, max_time=a.max_time,
         verify=not a.no_verify, faults=_parse_faults(a.inject_fault),
         disk_size=parse_size(a.disk_size, "--disk-size"),
-        keep_run_dir=a.keep_run_dir,
+        keep_run_dir=a.keep_run_dir, run_id=a.run_id,
     )
+    if a.run_id is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", a.run_id):
+        raise UsageError("--run-id must be 1-32 letters, digits, - or _")
     if a.qemu:
         opts.qemu = a.qemu
     if a.report and a.report.is_dir():

@@ -94,6 +94,7 @@ class MigrateOptions:
     faults: list[Fault] = field(default_factory=list)
     disk_size: int = 256 << 20
     keep_run_dir: bool = False
+    run_id: str | None = None
 
 
 @dataclass
@@ -112,7 +113,7 @@ class Migration:
     def __init__(self, opts: MigrateOptions, progress: Progress | None = None) -> None:
         self.opts = opts
         self.progress = progress or Progress(enabled=False)
-        self.id = uuid.uuid4().hex[:8]
+        self.id = opts.run_id or uuid.uuid4().hex[:8]
         self.run_dir = paths.run_root() / self.id
         self.phase = Phase.INIT
         self.result = Outcome()
@@ -237,7 +238,7 @@ class Migration:
         self._mem_files.append(mem_path)
         append = f"console=ttyS0 quiet livemig.workload={o.workload.text}"
         return VMConfig(
-            name=name, qemu=o.qemu, memory=o.memory, vcpus=o.vcpus, accel=o.accel,
+            name=name, run_id=self.id, qemu=o.qemu, memory=o.memory, vcpus=o.vcpus, accel=o.accel,
             kernel=paths.guest_kernel(), initrd=paths.guest_initrd(), append=append,
             run_dir=self.run_dir, mem_path=mem_path, incoming=incoming,
             start_paused=incoming and o.verify, disks=disks,

@@ -51,6 +51,7 @@ class Disk:
 @dataclass
 class VMConfig:
     name: str  # "src" or "dst"
+    run_id: str
     qemu: Path
     memory: int  # bytes
     vcpus: int
@@ -84,7 +85,7 @@ class VMConfig:
 
     def argv(self) -> list[str]:
         mib = self.memory >> 20
-        argv = [str(self.qemu), "-name", f"livemig-{self.name},debug-threads=on"]
+        argv = [str(self.qemu), "-name", f"livemig-{self.run_id}-{self.name},debug-threads=on"]
         for d in FIRMWARE_DIRS:
             argv += ["-L", str(d)]
         argv += [
