@@ -1,0 +1,137 @@
+"""What policies see (a stats snapshot) and what they return (actions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One poll of the migration, in plain units (bytes, bytes/s, seconds)."""
+
+    t: float  # seconds since the migration started
+    rounds: int  # dirty-bitmap syncs so far (QEMU's dirty-sync-count)
+    remaining: int  # RAM bytes still dirty
+    dirty_rate: float  # bytes/s the guest dirties (QEMU's estimate)
+    bandwidth: float  # bytes/s the stream achieved recently
+    throttle_pct: int = 0
+    ram_total: int = 0
+    disk_remaining: int | None = None  # mirror: len - offset (bytes still to copy)
+    disk_total: int | None = None
+    disk_ready: bool = False  # mirror in sync (only dirty writes left)
+
+    @classmethod
+    def from_query_migrate(cls, t: float, info: dict[str, Any]) -> Snapshot:
+        ram = info.get("ram", {})
+        page = ram.get("page-size") or 4096
+        mbps = ram.get("mbps") or 0.0
+        return cls(
+            t=t,
+            rounds=int(ram.get("dirty-sync-count") or 0),
+            remaining=int(ram.get("remaining") or 0),
+            dirty_rate=float(ram.get("dirty-pages-rate") or 0) * page,
+            bandwidth=float(mbps) * 1e6 / 8,
+            throttle_pct=int(info.get("cpu-throttle-percentage") or 0),
+            ram_total=int(ram.get("total") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class Action:
+    """Something a policy wants done; ``reason`` goes to the report's timeline."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetThrottle(Action):
+    percent: int  # 0..99, via the direct throttle knob (lease renewed by the executor)
+
+
+@dataclass(frozen=True)
+class SetDowntimeLimit(Action):
+    ms: int
+
+
+@dataclass(frozen=True)
+class StrategyExhausted(Action):
+    """The strategy did all it can and the migration still does not converge."""
+
+
+@dataclass(frozen=True)
+class ForceSwitchover(Action):
+    pass
+
+
+@dataclass(frozen=True)
+class AbortMigration(Action):
+    pass
+
+
+@dataclass(frozen=True)
+class StartPostcopy(Action):
+    pass
+
+
+@dataclass(frozen=True)
+class SetRamBandwidth(Action):
+    bytes_per_s: int
+
+
+@dataclass(frozen=True)
+class SetMirrorSpeed(Action):
+    bytes_per_s: int  # 0 = unlimited
+
+
+@dataclass(frozen=True)
+class SetIoThrottle(Action):
+    write_bytes_per_s: int  # 0 = remove the cap
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, s: Snapshot) -> list[Action]: ...
+
+
+class RoundTracker:
+    """Turns polls into rounds: the remaining RAM right after each bitmap sync is
+    what that round found dirty."""
+
+    def __init__(self) -> None:
+        self.rounds: list[tuple[int, float, int]] = []  # (round, t, dirty bytes)
+        self._last_round = -1
+
+    def update(self, s: Snapshot) -> bool:
+        """Record ``s``; True when a new round started with this snapshot."""
+        if s.rounds > self._last_round:
+            self._last_round = s.rounds
+            if s.rounds >= 2:  # round 1 is the full pass: not a dirty amount
+                self.rounds.append((s.rounds, s.t, s.remaining))
+            return True
+        return False
+
+    def stalled(self, tolerance: float = 0.05) -> bool:
+        """Two consecutive rounds' dirty amounts within ``tolerance`` of each other —
+        or growing: the migration is not converging."""
+        if len(self.rounds) < 2:
+            return False
+        (_, _, a), (_, _, b) = self.rounds[-2], self.rounds[-1]
+        if a <= 0:
+            return False
+        return b >= a or abs(b - a) / a < tolerance
+
+
+class Ewma:
+    """Exponentially weighted moving average (for bandwidth)."""
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        self.alpha = alpha
+        self.value: float | None = None
+
+    def add(self, x: float) -> float:
+        if x <= 0:
+            return self.value or 0.0
+        self.value = x if self.value is None else self.alpha * x + (1 - self.alpha) * self.value
+        return self.value
