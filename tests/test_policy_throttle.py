@@ -80,9 +80,9 @@ def test_staged_grows_each_stalled_round_caps_at_99_then_exhausts():
     # formula gives less than +10: still at least prev + MIN_STEP, capped at 99
     acts = drive(p, [snap(4, 5, 800 * MB, dirty=2 * MB)])
     assert [a.percent for _, a in acts] == [99]
-    acts = drive(p, [snap(5, 5, 800 * MB), snap(7.9, 5, 800 * MB)])
+    acts = drive(p, [snap(5, 5, 800 * MB), snap(6.9, 5, 800 * MB)])  # 99 % since t=4
     assert acts == []
-    acts = drive(p, [snap(8.0, 6, 800 * MB)])
+    acts = drive(p, [snap(7.0, 6, 800 * MB)])
     assert len(acts) == 1 and isinstance(acts[0][1], StrategyExhausted)
     assert drive(p, [snap(9, 7, 800 * MB)]) == []
 
