@@ -29,7 +29,9 @@ from typing import Any
 
 from livemig import metrics, paths
 from livemig.agent import AgentLink
+from livemig.control import Controller
 from livemig.errors import LivemigError, UsageError, VMError
+from livemig.policy.base import Snapshot
 from livemig.progress import Progress
 from livemig.ramcheck import RamComparison, compare_ram, corrupt_byte
 from livemig.settings import Resolved, resolve
@@ -135,6 +137,7 @@ class Migration:
         self.source_after: dict[str, Any] | None = None
         self.cpu: dict[str, float | None] = {}
         self.interrupt = asyncio.Event()
+        self.controller: Controller | None = None
         self._mem_files: list[Path] = []
 
     # -- bookkeeping ------------------------------------------------------------------
@@ -195,6 +198,7 @@ class Migration:
         self.dst_agent = AgentLink("dst", self.dst.config.agent_path)
         await self.dst_agent.connect()
         await self._apply_settings()
+        await self._make_controller()
         port = _free_port()
         await self.dst.cmd("migrate-incoming", uri=f"tcp:127.0.0.1:{port}")
 
@@ -282,6 +286,28 @@ class Migration:
                 await vm.cmd("migrate-set-parameters", **r.parameters)
         self.event("settings applied", **r.as_dict())
 
+    async def _make_controller(self) -> None:
+        assert self.src is not None
+        params = await self.src.cmd("query-migrate-parameters")
+        self.controller = Controller(
+            self.resolved.livemig, params, self.opts.accel,
+            int(params.get("downtime-limit", 300)),
+            lambda what, data: self.event(what, **data))
+
+    async def _control(self, now: float, info: dict[str, Any]) -> str | None:
+        """Let the policies act; return a reason to cancel if one decided to abort."""
+        c = self.controller
+        if c is None or not c.active or info.get("status") != "active":
+            return None
+        assert self.src is not None and self.t_migrate is not None
+        forced = c.forced
+        await c.tick(Snapshot.from_query_migrate(now - self.t_migrate, info), self.src.cmd)
+        if c.forced and not forced:
+            self.progress.step(c.forced)
+        if c.postcopy:
+            self.progress.step(c.postcopy)
+        return c.abort_reason
+
     async def _monitor(self) -> str:
         """Poll the source until the migration ends; cancel on max-time or Ctrl-C."""
         assert self.src is not None and self.dst is not None and self.t_migrate
@@ -298,8 +324,11 @@ class Migration:
                 if cancelled_for and status == "cancelled":
                     self.result.reason = cancelled_for
                 return str(status)
+            policy_abort = await self._control(now, info)
             if cancelled_for is None:
-                if self.interrupt.is_set():
+                if policy_abort:
+                    cancelled_for = policy_abort
+                elif self.interrupt.is_set():
                     cancelled_for = "interrupted"
                 elif self.opts.max_time and now - self.t_migrate > self.opts.max_time:
                     cancelled_for = f"did not converge within --max-time {self.opts.max_time:g}s"

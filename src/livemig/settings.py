@@ -11,7 +11,7 @@ patched and a stock QEMU are both handled and a typo is caught:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,14 +25,34 @@ _FALSE = {"off", "false", "no", "0"}
 @dataclass(frozen=True)
 class LivemigSetting:
     default: Any
-    kind: type
+    kind: Callable[[str], Any]
     doc: str
+
+
+def _onoff(value: str) -> bool:
+    return _bool("value", value)
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def conv(value: str) -> str:
+        if value not in choices:
+            raise ValueError(value)
+        return value
+    return conv
 
 
 LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
     "warmup": LivemigSetting(3.0, float, "seconds of workload measured before migrating"),
     "settle": LivemigSetting(2.0, float, "seconds the guest is observed after the end"),
     "poll-interval": LivemigSetting(0.25, float, "seconds between query-migrate polls"),
+    "throttle": LivemigSetting("off", _choice(
+        "off", "auto-converge", "reference", "direct", "staged", "dirty-limit"),
+        "off|auto-converge|reference|direct|staged|dirty-limit"),
+    "downtime-ramp": LivemigSetting(False, _onoff,
+                                    "raise downtime-limit while rounds do not shrink"),
+    "max-downtime": LivemigSetting(1000, int, "ceiling of the downtime ramp, ms"),
+    "on-stall": LivemigSetting("force", _choice("force", "abort", "postcopy"),
+                               "force|abort|postcopy when the strategy is exhausted"),
 }
 
 # Stock QEMU only: these are the baselines livemig is judged against.
@@ -105,8 +125,10 @@ def resolve(
             setting = LIVEMIG_SETTINGS[key]
             try:
                 res.livemig[key] = setting.kind(value)
-            except ValueError:
+            except (ValueError, UsageError):
                 raise UsageError(f"bad --set {key}={value}: {setting.doc}") from None
+            if key == "throttle" and value == "auto-converge":
+                res.capabilities["auto-converge"] = True
         elif key in qemu_caps:
             res.capabilities[key] = _bool(key, value)
         elif key in qemu_params:

@@ -1,0 +1,106 @@
+"""The controller: runs the configured policies on every poll and carries out their
+actions over QMP. Every action is logged with its reason and goes to the timeline.
+
+livemig settings it reads (``--set``):
+
+- ``throttle``: ``off`` | ``auto-converge`` (QEMU's own) | ``reference`` | ``direct``
+  | ``staged`` (livemig's, through the patched direct throttle knob) |
+  ``dirty-limit`` (QEMU's per-vCPU dirty limit; KVM with a dirty ring only).
+- ``downtime-ramp``: on/off; ``max-downtime``: ceiling in ms.
+- ``on-stall``: ``force`` | ``abort`` | ``postcopy`` when the strategy is exhausted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+from livemig.errors import UsageError
+from livemig.policy.base import (
+    AbortMigration,
+    Action,
+    ForceSwitchover,
+    Policy,
+    SetDowntimeLimit,
+    SetThrottle,
+    Snapshot,
+    StartPostcopy,
+    StrategyExhausted,
+)
+from livemig.policy.convergence import DowntimeRamp, LastResort
+from livemig.policy.throttle import ThrottlePolicy
+
+log = logging.getLogger(__name__)
+
+# The patched QEMU's direct throttle knob (qemu/patches): a lease, renewed every poll.
+DIRECT_KNOB = "cpu-throttle-direct"
+THROTTLES = ("off", "auto-converge", "reference", "direct", "staged", "dirty-limit")
+
+Command = Callable[..., Awaitable[Any]]
+
+
+class Controller:
+    def __init__(self, settings: dict[str, Any], qemu_params: dict[str, Any], accel: str,
+                 downtime_ms: int, record: Callable[[str, dict[str, Any]], None]) -> None:
+        self.record = record
+        self.throttle_mode = str(settings.get("throttle", "off"))
+        if self.throttle_mode not in THROTTLES:
+            raise UsageError(f"bad --set throttle={self.throttle_mode}: choose from "
+                             f"{', '.join(THROTTLES)}")
+        if self.throttle_mode == "dirty-limit" and accel != "kvm":
+            raise UsageError("throttle=dirty-limit needs KVM with a dirty ring; this run "
+                             f"uses {accel} (use reference, staged or auto-converge)")
+        self.policies: list[Policy] = []
+        if self.throttle_mode in ("reference", "direct", "staged"):
+            if DIRECT_KNOB not in qemu_params:
+                raise UsageError(f"throttle={self.throttle_mode} needs the patched QEMU's "
+                                 f"{DIRECT_KNOB} parameter; this QEMU lacks it")
+            self.policies.append(ThrottlePolicy(self.throttle_mode))
+        if settings.get("downtime-ramp"):
+            self.policies.append(DowntimeRamp(downtime_ms, int(settings["max-downtime"])))
+        self.last_resort = LastResort(str(settings.get("on-stall", "force")))
+        self.throttle_pct = 0
+        self.abort_reason: str | None = None
+        self.forced: str | None = None
+        self.postcopy: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.policies)
+
+    async def tick(self, s: Snapshot, cmd: Command) -> None:
+        """Run every policy on ``s`` and apply what they decide."""
+        actions: list[Action] = []
+        for p in self.policies:
+            actions += p.decide(s)
+        for a in list(actions):
+            if isinstance(a, StrategyExhausted):
+                actions += self.last_resort.react(a, s)
+        for a in actions:
+            await self.apply(a, cmd)
+        if self.throttle_pct and not any(isinstance(a, SetThrottle) for a in actions):
+            await cmd("migrate-set-parameters", **{DIRECT_KNOB: self.throttle_pct})  # lease
+
+    async def apply(self, a: Action, cmd: Command) -> None:
+        log.info("policy action %s", a)
+        self.record(f"action {type(a).__name__}", asdict(a))
+        if isinstance(a, SetThrottle):
+            self.throttle_pct = a.percent
+            await cmd("migrate-set-parameters", **{DIRECT_KNOB: a.percent})
+        elif isinstance(a, SetDowntimeLimit):
+            await cmd("migrate-set-parameters", **{"downtime-limit": a.ms})
+        elif isinstance(a, ForceSwitchover):
+            self.forced = a.reason
+        elif isinstance(a, AbortMigration):
+            self.abort_reason = a.reason
+        elif isinstance(a, StartPostcopy):
+            self.postcopy = a.reason
+            await cmd("migrate-start-postcopy")
+
+    async def release(self, cmd: Command) -> None:
+        """Drop the throttle (QEMU also clears it at the end; this is belt and braces)."""
+        if self.throttle_pct:
+            self.throttle_pct = 0
+            await cmd("migrate-set-parameters", **{DIRECT_KNOB: 0})
