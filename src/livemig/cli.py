@@ -69,6 +69,15 @@ def _build_parser() -> argparse.ArgumentParser:
                    "are named livemig-RUNID-src/dst")
     m.add_argument("-q", "--quiet", action="store_true", help="no live progress")
 
+    b = sub.add_parser("bench", help="run scenarios x profiles side by side")
+    b.add_argument("scenarios", nargs="+", type=Path, help="scenario files (bench/scenarios)")
+    b.add_argument("--profiles", help="comma-separated profiles (default: the scenario's)")
+    b.add_argument("--repeats", type=int, help="runs per profile (default: the scenario's)")
+    b.add_argument("--out", type=Path, default=Path("reports/bench"), help="output directory")
+    b.add_argument("--qemu", type=Path, help="QEMU binary (default build/qemu/...)")
+    b.add_argument("--accel", default="auto", help="auto|kvm|tcg")
+    b.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+
     s = sub.add_parser("settings", help="list profiles and livemig settings")
     s.add_argument("--profile", choices=list(PROFILES))
 
@@ -168,6 +177,26 @@ def cmd_migrate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(a: argparse.Namespace) -> int:
+    from livemig.bench import load_scenario, run_bench
+
+    for path in a.scenarios:
+        load_scenario(path)  # fail early on a bad file
+    profiles = [p.strip() for p in a.profiles.split(",")] if a.profiles else None
+    for p in profiles or []:
+        if p not in PROFILES:
+            raise UsageError(f"unknown profile {p!r}: choose from {', '.join(PROFILES)}")
+    if a.repeats is not None and a.repeats < 1:
+        raise UsageError("--repeats must be at least 1")
+    ensure_root()
+    choice = choose_accel(a.accel)
+    md = asyncio.run(run_bench(a.scenarios, a.out, choice.name, choice.reason, a.qemu,
+                               a.repeats, profiles, a.quiet))
+    print(md)
+    print(f"results in {a.out}/")
+    return 0
+
+
 def cmd_settings(a: argparse.Namespace) -> int:
     names = [a.profile] if a.profile else list(PROFILES)
     for name in names:
@@ -186,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(a.verbose, 2),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    handlers = {"migrate": cmd_migrate, "settings": cmd_settings}
+    handlers = {"migrate": cmd_migrate, "bench": cmd_bench, "settings": cmd_settings}
     try:
         if a.command in handlers:
             return handlers[a.command](a)
