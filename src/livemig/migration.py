@@ -277,11 +277,12 @@ class Migration:
 
     async def _apply_settings(self) -> None:
         r = self.resolved
+        # 'events' makes QEMU emit MIGRATION events: their timestamps time the switchover
+        caps = {"events": True, **r.capabilities}
         for vm in (self.src, self.dst):
             assert vm is not None
-            if r.capabilities:
-                await vm.cmd("migrate-set-capabilities", capabilities=[
-                    {"capability": k, "state": v} for k, v in r.capabilities.items()])
+            await vm.cmd("migrate-set-capabilities", capabilities=[
+                {"capability": k, "state": v} for k, v in caps.items()])
             if r.parameters:
                 await vm.cmd("migrate-set-parameters", **r.parameters)
         self.event("settings applied", **r.as_dict())
@@ -408,18 +409,26 @@ class Migration:
             raise VMError(f"destination is {status.get('status')} after the migration")
 
     async def _wait_destination_done(self) -> float:
-        """Wait for the destination to finish loading; return when it did (host time)."""
-        assert self.dst is not None
+        """Wait for the destination to finish loading; return when it did.
+
+        The time comes from the timestamp QEMU puts on its MIGRATION event, so the
+        polling latency of livemig does not count as guest pause."""
+        assert self.dst is not None and self.dst.qmp is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            info = await self.dst.cmd("query-migrate")
-            if info.get("status") == "completed":
-                return time.time()
-            if info.get("status") == "failed":
-                raise VMError(f"destination failed to load: {info.get('error-desc', '?')}")
+            with contextlib.suppress(TimeoutError):
+                ev = await asyncio.wait_for(self.dst.qmp.events.get(), 0.05)
+                if ev.get("event") == "MIGRATION":
+                    status = ev.get("data", {}).get("status")
+                    if status == "completed":
+                        ts = ev.get("timestamp", {})
+                        return float(ts.get("seconds", 0)) + ts.get("microseconds", 0) / 1e6
+                    if status == "failed":
+                        info = await self.dst.cmd("query-migrate")
+                        raise VMError("destination failed to load: "
+                                      f"{info.get('error-desc', '?')}")
             if not self.dst.alive():
                 raise VMError(f"destination QEMU died: {self.dst.log_tail()}")
-            await asyncio.sleep(0.005)
         raise VMError("destination did not finish loading within 60s")
 
     def _inject(self, fault: Fault) -> None:
