@@ -51,10 +51,10 @@ enum page_kind page_kind_for(enum fill_kind fill, uint64_t page_index)
     if (pct < 20) {
         return PK_ZERO;
     }
-    if (pct < 45) {
+    if (pct < 48) {
         return PK_TEXT;
     }
-    if (pct < 75) {
+    if (pct < 80) {
         return PK_STRUCT;
     }
     return PK_RANDOM;
