@@ -1,0 +1,49 @@
+#!/bin/bash
+# Run QEMU's own migration qtests (tests/qtest/migration-test) against the livemig
+# build, under TCG (these hosts' /dev/kvm cannot run guests; it is hidden in a
+# private mount namespace), and print a closing 'N passed, N failed' line.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+stamp="$root/build/qemu/stamp"
+args=()
+usage() {
+    echo "usage: qemu/run-qtests.sh [--full] [-p TESTPATH]... [--upstream]"
+    echo "  default: the quick set; --full: all; -p: only tests under TESTPATH"
+}
+while (($#)); do
+    case $1 in
+        --full) args+=(--full); shift ;;
+        -p) args+=(-p "$2"); shift 2 ;;
+        --upstream) stamp="$root/build/qemu-upstream/stamp"; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "run-qtests.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+[[ -f $stamp ]] || { echo "run-qtests.sh: no QEMU build ($stamp); run qemu/build.sh" >&2; exit 2; }
+tree=$(sed -n 's/^tree=//p' "$stamp")
+bdir="$tree/src/build"
+echo "== qtest: building tests/qtest/migration-test"
+ninja -C "$bdir" tests/qtest/migration-test >/dev/null
+# firmware: the +ds tarball ships none; use Debian's
+fw="$bdir/qemu-bundle/usr/local/share/qemu"
+mkdir -p "$fw"
+for f in /usr/share/seabios/*.bin /usr/share/qemu/*.bin /usr/share/qemu/*.rom /usr/lib/ipxe/qemu/*.rom; do
+    [[ -e $f ]] && ln -sf "$(readlink -f "$f")" "$fw/$(basename "$f")"
+done
+log=$(mktemp)
+echo "== qtest: migration-test ${args[*]:-(quick set)} under TCG"
+t=$SECONDS
+set +e
+(cd "$bdir" && unshare -m sh -c 'mount --bind /dev/null /dev/kvm 2>/dev/null; exec "$@"' sh \
+    env QTEST_QEMU_BINARY=./qemu-system-x86_64 PYTHON=python3 \
+    ./tests/qtest/migration-test --tap -k "${args[@]}") 2>&1 | tee "$log" | grep -E '^(ok|not ok|# )' 
+rc=${PIPESTATUS[0]}
+set -e
+pass=$(grep -c '^ok ' "$log" | grep -v SKIP || true)
+skip=$(grep -c '^ok .*# SKIP' "$log" || true)
+fail=$(grep -c '^not ok ' "$log" || true)
+rm -f "$log"
+echo "== qtest: $((SECONDS - t))s"
+echo "$((pass - skip)) passed, $fail failed, $skip skipped"
+exit $(( rc != 0 || fail > 0 ))
