@@ -120,3 +120,18 @@ def test_dead_destination_fails_and_source_keeps_running(tmp_path):
     assert rep["source_after"]["running"] is True
     assert rep["source_after"]["workload_rate"] > 0
     assert qemu_pids(rid) == []
+
+
+def test_livemig_profile_converges_flat_out_writer_with_direct_throttle(tmp_path):
+    """A writer far faster than the link: stock pre-copy never finishes (see the abort
+    test); the reference throttle through the patched knob makes it converge."""
+    r = run_migrate(tmp_path, "--memory", MEM, "--workload", "mem:size=192M,rate=0,hot=80/10",
+                    "--bandwidth", "64M", "--profile", "livemig", "--max-time", "120")
+    rep = r.report
+    assert r.rc == 0, rep.get("reason")
+    assert rep["outcome"] == "completed"
+    assert rep["consistency"]["ram"] == "ok"
+    actions = [e for e in rep["events"] if e["event"] == "action SetThrottle"]
+    assert actions, "the throttle policy never acted"
+    assert actions[0]["percent"] in (90, 99) or actions[0]["reason"].startswith("staged")
+    assert rep["settings"]["livemig"]["throttle"] == "reference"

@@ -64,8 +64,11 @@ PROFILES: dict[str, dict[str, str]] = {
     },
     "upstream-xbzrle": {"auto-converge": "on", "xbzrle": "on", "xbzrle-cache-size": "256M"},
     "upstream-plain": {"auto-converge": "on"},
-    # Everything livemig has, on. Grows with the mechanism patches and the policies.
-    "livemig": {"auto-converge": "on", "xbzrle": "on", "xbzrle-cache-size": "256M"},
+    # Everything livemig has, on: the reference throttle through the patched direct
+    # knob instead of auto-converge, xbzrle for the hot set's small writes, a
+    # downtime ramp, and a forced switchover as the last resort.
+    "livemig": {"xbzrle": "on", "xbzrle-cache-size": "256M", "throttle": "reference",
+                "downtime-ramp": "on", "max-downtime": "1000", "on-stall": "force"},
 }
 
 
