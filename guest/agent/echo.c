@@ -1,22 +1,24 @@
-/* UDP echo on port 7777: lets a client on the guest network probe the guest. */
+/*
+ * UDP echo on port 7777: lets a client on the guest network probe the guest (every
+ * datagram goes back unchanged). Started only when livemig.ip configured eth0.
+ */
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "agent.h"
 
-#define ECHO_PORT 7777
-
 void *echo_thread(void *arg)
 {
     struct sockaddr_in addr = { .sin_family = AF_INET, .sin_port = htons(ECHO_PORT),
                                 .sin_addr.s_addr = htonl(INADDR_ANY) };
     int fd = socket(AF_INET, SOCK_DGRAM, 0);
-    char buf[2048];
+    static char buf[65536]; /* the largest UDP datagram */
 
     (void)arg;
     if (fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof(addr))) {
-        channel_send("{\"ev\":\"error\",\"msg\":\"echo: cannot bind udp/%d\"}\n", ECHO_PORT);
+        channel_send(CH_EVENT, "{\"ev\":\"error\",\"msg\":\"echo: cannot bind udp/%d\"}\n",
+                     ECHO_PORT);
         return NULL;
     }
     for (;;) {

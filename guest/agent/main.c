@@ -2,7 +2,6 @@
  * livemig-agent: runs the workload from the kernel command line or the host,
  * reports heartbeats and counters, answers commands. See docs/agent-protocol.md.
  */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,110 +11,49 @@
 #include "agent.h"
 
 #define PORT_NAME "org.livemig.agent0"
-#define MAX_THREADS 128
 
-struct counters g_count;
-atomic_int g_stop;
+static uint64_t hb_ms = 10, report_ms = 100;
 
-static unsigned hb_ms = 10, report_ms = 100;
-static pthread_t threads[MAX_THREADS];
-static int n_threads;
-static struct workload current;
-static struct mem_job *mem_jobs[MAX_ITEMS];
-static struct mem_thread mem_threads[MAX_THREADS];
-static struct disk_job disk_jobs[MAX_ITEMS];
-static char current_text[1024] = "idle";
-
-static int spawn(void *(*fn)(void *), void *arg)
-{
-    if (n_threads == MAX_THREADS || pthread_create(&threads[n_threads], NULL, fn, arg)) {
-        channel_send("{\"ev\":\"error\",\"msg\":\"cannot start a workload thread\"}\n");
-        return -1;
-    }
-    n_threads++;
-    return 0;
-}
-
-static void stop_workload(void)
-{
-    atomic_store(&g_stop, 1);
-    for (int i = 0; i < n_threads; i++) {
-        pthread_join(threads[i], NULL);
-    }
-    n_threads = 0;
-    for (int i = 0; i < current.n_mem; i++) {
-        memload_free(mem_jobs[i]);
-        mem_jobs[i] = NULL;
-    }
-    memset(&current, 0, sizeof(current));
-    atomic_store(&g_stop, 0);
-    snprintf(current_text, sizeof(current_text), "idle");
-}
-
-static void start_workload(const char *text)
-{
-    char err[256];
-    int t = 0;
-
-    stop_workload();
-    if (parse_workload(text, &current, err, sizeof(err))) {
-        channel_send("{\"ev\":\"error\",\"msg\":\"bad workload: %s\"}\n", err);
-        memset(&current, 0, sizeof(current));
-        return;
-    }
-    snprintf(current_text, sizeof(current_text), "%s", text);
-    for (int i = 0; i < current.n_mem; i++) {
-        mem_jobs[i] = memload_prepare(&current.mem[i], err, sizeof(err));
-        if (!mem_jobs[i]) {
-            channel_send("{\"ev\":\"error\",\"msg\":\"%s\"}\n", err);
-            current.n_mem = i;
-            return;
-        }
-    }
-    for (int i = 0; i < current.n_mem; i++) {
-        for (unsigned k = 0; k < current.mem[i].threads && t < MAX_THREADS; k++, t++) {
-            mem_threads[t].job = mem_jobs[i];
-            mem_threads[t].index = (unsigned)t;
-            spawn(memload_thread, &mem_threads[t]);
-        }
-    }
-    for (int i = 0; i < current.n_disk; i++) {
-        disk_jobs[i].spec = current.disk[i];
-        disk_jobs[i].base = current.has_verify && !strcmp(current.disk[i].dev, "/dev/vda")
-                          ? current.verify.disk : 0;
-        spawn(diskload_thread, &disk_jobs[i]);
-    }
-    if (current.has_verify && current.verify.mem) {
-        spawn(verify_mem_thread, &current.verify);
-    }
-    if (current.has_verify && current.verify.disk) {
-        spawn(verify_disk_thread, &current.verify);
-    }
-    channel_send("{\"ev\":\"ready\",\"workload\":\"%s\"}\n", current_text);
-}
-
+/**
+ * reporter: the heartbeat (every hb_ms) and the counters (every report_ms).
+ *
+ * Ticks are absolute deadlines on CLOCK_MONOTONIC, so the period does not drift
+ * with the time spent formatting; ticks missed while the VM was paused are
+ * skipped, not replayed (the host measures that gap).
+ */
 static void *reporter(void *arg)
 {
-    uint64_t seq = 0, hb_seq = 0, next_report = now_ns();
+    uint64_t seq = 0, hb_seq = 0, hb_ns = hb_ms * 1000000ull;
+    uint64_t report_ns = report_ms * 1000000ull, next = now_ns(), next_report = next;
 
     (void)arg;
     for (;;) {
         uint64_t t = now_ns();
-        channel_send("{\"ev\":\"hb\",\"seq\":%llu,\"t\":%llu}\n",
+        channel_send(0, "{\"ev\":\"hb\",\"seq\":%llu,\"t\":%llu}\n",
                      (unsigned long long)hb_seq++, (unsigned long long)t);
         if (t >= next_report) {
-            channel_send("{\"ev\":\"rate\",\"seq\":%llu,\"t\":%llu,\"mem_bytes\":%llu,"
+            channel_send(0, "{\"ev\":\"rate\",\"seq\":%llu,\"t\":%llu,\"mem_bytes\":%llu,"
                          "\"mem_ops\":%llu,\"disk_bytes\":%llu,\"disk_ops\":%llu,"
-                         "\"verify_blocks\":%llu}\n",
+                         "\"verify_blocks\":%llu,\"verify_errors\":%llu,\"dropped\":%llu}\n",
                          (unsigned long long)seq++, (unsigned long long)t,
                          (unsigned long long)atomic_load(&g_count.mem_bytes),
                          (unsigned long long)atomic_load(&g_count.mem_ops),
                          (unsigned long long)atomic_load(&g_count.disk_bytes),
                          (unsigned long long)atomic_load(&g_count.disk_ops),
-                         (unsigned long long)atomic_load(&g_count.verify_blocks));
-            next_report = t + (uint64_t)report_ms * 1000000ull;
+                         (unsigned long long)atomic_load(&g_count.verify_blocks),
+                         (unsigned long long)atomic_load(&g_count.verify_errors),
+                         (unsigned long long)channel_dropped());
+            next_report += report_ns;
+            if (next_report <= t) {
+                next_report = t + report_ns;
+            }
         }
-        sleep_ns((uint64_t)hb_ms * 1000000ull);
+        next += hb_ns;
+        t = now_ns();
+        if (next <= t) {
+            next = t + hb_ns; /* fell behind (paused): skip the missed ticks */
+        }
+        sleep_until_ns(next);
     }
     return NULL;
 }
@@ -141,9 +79,23 @@ static char *cmdline_arg(const char *cmdline, const char *key, char *out, size_t
     return NULL;
 }
 
-int main(void)
+static uint64_t ms_arg(const char *cmdline, const char *key, uint64_t dflt)
 {
-    char cmdline[4096] = "", spec[1024] = "idle", val[32], line[1100];
+    char val[32];
+    long v;
+
+    if (!cmdline_arg(cmdline, key, val, sizeof(val))) {
+        return dflt;
+    }
+    v = atol(val);
+    return v > 0 && v <= 60000 ? (uint64_t)v : dflt;
+}
+
+/* usage: livemig-agent [SPEC]  (SPEC overrides livemig.workload, for tests on a host) */
+int main(int argc, char **argv)
+{
+    char cmdline[4096] = "", spec[SPEC_MAX] = "idle", line[SPEC_MAX + 64], esc[2 * SPEC_MAX];
+    char ip[64];
     FILE *f = fopen("/proc/cmdline", "r");
     struct sysinfo si;
     pthread_t t;
@@ -155,37 +107,46 @@ int main(void)
         fclose(f);
     }
     cmdline_arg(cmdline, "livemig.workload", spec, sizeof(spec));
-    if (cmdline_arg(cmdline, "livemig.hb_ms", val, sizeof(val))) {
-        hb_ms = (unsigned)atoi(val) ?: 10;
+    if (argc > 1) {
+        snprintf(spec, sizeof(spec), "%s", argv[1]);
     }
-    if (cmdline_arg(cmdline, "livemig.report_ms", val, sizeof(val))) {
-        report_ms = (unsigned)atoi(val) ?: 100;
-    }
-    for (int i = 0; i < 100 && channel_open(PORT_NAME); i++) {
+    hb_ms = ms_arg(cmdline, "livemig.hb_ms", 10);
+    report_ms = ms_arg(cmdline, "livemig.report_ms", 100);
+    /* the port appears once virtio_console has probed; on a host (argv) do not wait */
+    for (int i = 0; i < (argc > 1 ? 1 : 100) && channel_open(PORT_NAME); i++) {
         sleep_ns(100000000ull);
     }
     sysinfo(&si);
-    channel_send("{\"ev\":\"hello\",\"ver\":1,\"mem_kb\":%llu,\"cpus\":%ld,"
+    json_escape(esc, sizeof(esc), spec);
+    channel_start_writer();
+    /* queued before the reporter exists, so it comes first */
+    channel_send(CH_EVENT, "{\"ev\":\"hello\",\"ver\":1,\"mem_kb\":%llu,\"cpus\":%ld,"
                  "\"workload\":\"%s\"}\n",
                  (unsigned long long)si.totalram * si.mem_unit / 1024,
-                 sysconf(_SC_NPROCESSORS_ONLN), spec);
-    pthread_create(&t, NULL, reporter, NULL);
-    pthread_create(&t, NULL, echo_thread, NULL);
-    start_workload(spec);
+                 sysconf(_SC_NPROCESSORS_ONLN), esc);
+    start_thread(&t, reporter, NULL, 1);
+    /* the UDP echo answers probes on the guest network, when there is one */
+    if (cmdline_arg(cmdline, "livemig.ip", ip, sizeof(ip))) {
+        start_thread(&t, echo_thread, NULL, 1);
+    }
+    workload_start(spec);
     for (;;) {
         int rc = channel_readline(line, sizeof(line), 200);
         if (rc <= 0) {
             continue;
         }
         if (!strncmp(line, "workload ", 9)) {
-            start_workload(line + 9);
+            workload_start(line + 9);
         } else if (!strcmp(line, "stop")) {
-            stop_workload();
-            channel_send("{\"ev\":\"ready\",\"workload\":\"idle\"}\n");
+            workload_stop();
+            channel_send(CH_EVENT, "{\"ev\":\"ready\",\"workload\":\"idle\"}\n");
         } else if (!strncmp(line, "ping ", 5)) {
-            channel_send("{\"ev\":\"pong\",\"token\":\"%.64s\"}\n", line + 5);
-        } else {
-            channel_send("{\"ev\":\"error\",\"msg\":\"unknown command\"}\n");
+            json_escape(esc, 256, line + 5);
+            channel_send(CH_KEEP, "{\"ev\":\"pong\",\"token\":\"%s\"}\n", esc);
+        } else if (line[0]) {
+            json_escape(esc, 128, line);
+            channel_send(CH_EVENT, "{\"ev\":\"error\",\"msg\":\"unknown command: %s\"}\n",
+                         esc);
         }
     }
 }

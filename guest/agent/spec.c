@@ -161,11 +161,20 @@ int parse_workload(const char *text, struct workload *w, char *err, size_t errle
     if (!*text) {
         FAIL("empty workload spec");
     }
+    if (strpbrk(text, " \t\r\n")) {
+        FAIL("no spaces allowed in a workload spec");
+    }
+    if (strstr(text, "++") || strstr(text, ",,") || strstr(text, ":,") ||
+        text[0] == '+' || strchr("+,", text[strlen(text) - 1]) || strstr(text, ",+")) {
+        FAIL("empty item or key=value in '%.200s'", text);
+    }
     snprintf(buf, sizeof(buf), "%s", text);
     for (item = strtok_r(buf, "+", &save_item); item;
          item = strtok_r(NULL, "+", &save_item)) {
         char *colon = strchr(item, ':'), *body = colon ? colon + 1 : NULL;
         char *save_kv = NULL, *kv;
+        const char *seen[16];
+        int n_seen = 0;
         enum { K_MEM, K_DISK, K_VERIFY } kind;
 
         if (colon) {
@@ -214,6 +223,15 @@ int parse_workload(const char *text, struct workload *w, char *err, size_t errle
                 FAIL("expected key=value, got '%s'", kv);
             }
             *eq = 0;
+            for (int i = 0; i < n_seen; i++) {
+                if (!strcmp(seen[i], kv)) {
+                    FAIL("%s given twice", kv);
+                }
+            }
+            if (n_seen == 16) {
+                FAIL("too many keys");
+            }
+            seen[n_seen++] = kv;
             rc = kind == K_MEM ? mem_kv(&w->mem[w->n_mem - 1], kv, eq + 1, err, errlen)
                : kind == K_DISK ? disk_kv(&w->disk[w->n_disk - 1], kv, eq + 1, err, errlen)
                : verify_kv(&w->verify, kv, eq + 1, err, errlen);

@@ -1,4 +1,8 @@
-/* Small helpers: clocks, a fast PRNG, a pacer, a checksum. */
+/* Small helpers: clocks, a fast PRNG, a token-bucket pacer, a checksum, JSON. */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
 #include <time.h>
 
 #include "agent.h"
@@ -16,7 +20,17 @@ void sleep_ns(uint64_t ns)
     struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull),
                            .tv_nsec = (long)(ns % 1000000000ull) };
 
-    nanosleep(&ts, NULL);
+    while (nanosleep(&ts, &ts) && errno == EINTR) {
+    }
+}
+
+void sleep_until_ns(uint64_t deadline)
+{
+    struct timespec ts = { .tv_sec = (time_t)(deadline / 1000000000ull),
+                           .tv_nsec = (long)(deadline % 1000000000ull) };
+
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
 }
 
 void rng_seed(rng_t *r, uint64_t seed)
@@ -45,6 +59,14 @@ void pacer_init(pacer_t *p, uint64_t rate)
     p->spent = 0;
 }
 
+/**
+ * pacer_spend: account for @units of work and sleep until the rate allows them.
+ *
+ * The pacer keeps the moment by which everything spent so far is allowed
+ * ("due"); sleeping until then gives the exact long-run rate whatever the sleep
+ * granularity. When the caller has fallen behind by more than PACER_BURST_NS (a
+ * pause, a throttled vCPU), the missed allowance beyond that is forgotten.
+ */
 void pacer_spend(pacer_t *p, uint64_t units)
 {
     uint64_t due, now;
@@ -53,16 +75,23 @@ void pacer_spend(pacer_t *p, uint64_t units)
     if (!p->rate) {
         return;
     }
-    /* the moment by which `spent` units are allowed */
     due = p->start_ns + (uint64_t)((double)p->spent * 1e9 / (double)p->rate);
     now = now_ns();
     if (due > now) {
-        sleep_ns(due - now);
-    } else if (now - due > 1000000000ull) {
-        /* fell more than 1 s behind (e.g. VM paused): do not burst to catch up */
-        p->start_ns = now;
-        p->spent = 0;
+        sleep_until_ns(due);
+    } else if (now - due > PACER_BURST_NS) {
+        p->start_ns += now - due - PACER_BURST_NS;
     }
+}
+
+uint64_t pacer_quantum(uint64_t rate, uint64_t unit, uint64_t max_units)
+{
+    uint64_t per_ms = rate / 1000 / unit;
+
+    if (!rate || per_ms > max_units) {
+        return max_units;
+    }
+    return per_ms ? per_ms : 1;
 }
 
 uint64_t fnv1a64(const void *buf, size_t len, uint64_t h)
@@ -74,4 +103,45 @@ uint64_t fnv1a64(const void *buf, size_t len, uint64_t h)
         h *= 0x100000001b3ull;
     }
     return h;
+}
+
+void json_escape(char *dst, size_t len, const char *src)
+{
+    size_t o = 0;
+
+    if (!len) {
+        return;
+    }
+    for (; *src && o + 7 < len; src++) {
+        unsigned char c = (unsigned char)*src;
+        if (c == '"' || c == '\\') {
+            dst[o++] = '\\';
+            dst[o++] = (char)c;
+        } else if (c < 0x20 || c == 0x7f) {
+            o += (size_t)snprintf(dst + o, len - o, "\\u%04x", c);
+        } else {
+            dst[o++] = (char)c;
+        }
+    }
+    dst[o] = 0;
+}
+
+int start_thread(pthread_t *t, void *(*fn)(void *), void *arg, int realtime)
+{
+    pthread_attr_t a;
+    struct sched_param sp = { .sched_priority = 10 };
+    int rc = -1;
+
+    if (realtime) {
+        pthread_attr_init(&a);
+        pthread_attr_setinheritsched(&a, PTHREAD_EXPLICIT_SCHED);
+        pthread_attr_setschedpolicy(&a, SCHED_FIFO);
+        pthread_attr_setschedparam(&a, &sp);
+        rc = pthread_create(t, &a, fn, arg);
+        pthread_attr_destroy(&a);
+    }
+    if (rc) {
+        rc = pthread_create(t, NULL, fn, arg); /* not allowed: ordinary priority */
+    }
+    return rc;
 }

@@ -6,8 +6,6 @@
 
 #include "agent.h"
 
-struct counters g_count;
-atomic_int g_stop;
 
 int main(int argc, char **argv)
 {

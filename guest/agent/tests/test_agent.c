@@ -6,8 +6,6 @@
 
 #include "agent.h"
 
-struct counters g_count;
-atomic_int g_stop;
 
 
 static int passed, failed;
@@ -41,6 +39,8 @@ static void test_spec_bad(void)
         "", "mem:size", "mem:size=12Q", "mem:hot=80", "mem:hot=0/10",
         "mem:hot=80/10,zipf=1", "mem:fill=sparse", "mem:colour=red", "disk:bs=1000",
         "disk:dev=vda", "cpu:x=1", "idle:x=1", "verify:", "mem:touch=5000",
+        "mem:size=1M,size=2M", "mem:size=1M++idle", "mem:size=1M,", "mem:size=1M,,rate=1M",
+        "mem: size=1M", "+mem:size=1M", "mem:threads=0", "mem:zipf=0", "verify:mem=1M+verify:disk=1M",
     };
     struct workload w;
     char err[256];
@@ -173,6 +173,92 @@ static void test_checker(void)
     free(blocks);
 }
 
+/* The checker finds the block that went wrong, and says what is wrong with it. */
+static void test_region_scan(void)
+{
+    enum { N = 64 };
+    uint8_t *r = aligned_alloc(PAGE_SIZE_4K, N * PAGE_SIZE_4K);
+    uint8_t tmp[PAGE_SIZE_4K];
+    uint64_t gen[N];
+    int bad = -1;
+
+    for (uint64_t i = 0; i < N; i++) {
+        gen[i] = 1 + i % 3;
+        vblock_stamp(r + i * PAGE_SIZE_4K, i, gen[i]);
+    }
+    CHECK(vregion_find_bad(r, gen, N, 0, N, &bad) == -1 && bad == 0);
+    CHECK(vregion_find_bad(r, gen, N, 50, N, &bad) == -1); /* wraps around */
+
+    /* one corrupted byte in block 17 */
+    r[17 * PAGE_SIZE_4K + 2000] ^= 1;
+    CHECK(vregion_find_bad(r, gen, N, 0, N, &bad) == 17 && bad == VB_BAD_CSUM);
+    CHECK(vregion_find_bad(r, gen, N, 40, N, &bad) == 17); /* found after wrapping */
+    CHECK(vregion_find_bad(r, gen, N, 18, 20, &bad) == -1); /* outside the window */
+    vblock_stamp(r + 17 * PAGE_SIZE_4K, 17, gen[17]);
+
+    /* blocks 5 and 9 swapped: both are found, by their address */
+    memcpy(tmp, r + 5 * PAGE_SIZE_4K, PAGE_SIZE_4K);
+    memcpy(r + 5 * PAGE_SIZE_4K, r + 9 * PAGE_SIZE_4K, PAGE_SIZE_4K);
+    memcpy(r + 9 * PAGE_SIZE_4K, tmp, PAGE_SIZE_4K);
+    CHECK(vregion_find_bad(r, gen, N, 0, N, &bad) == 5 && (bad & VB_BAD_ADDR) &&
+          !(bad & VB_BAD_CSUM));
+    CHECK(vregion_find_bad(r, gen, N, 6, N, &bad) == 9 && (bad & VB_BAD_ADDR));
+    vblock_stamp(r + 5 * PAGE_SIZE_4K, 5, gen[5]);
+    vblock_stamp(r + 9 * PAGE_SIZE_4K, 9, gen[9]);
+
+    /* block 30 rewritten with a new generation, but the old content came back */
+    memcpy(tmp, r + 30 * PAGE_SIZE_4K, PAGE_SIZE_4K);
+    gen[30]++;
+    vblock_stamp(r + 30 * PAGE_SIZE_4K, 30, gen[30]);
+    CHECK(vregion_find_bad(r, gen, N, 0, N, &bad) == -1);
+    memcpy(r + 30 * PAGE_SIZE_4K, tmp, PAGE_SIZE_4K);
+    CHECK(vregion_find_bad(r, gen, N, 0, N, &bad) == 30 && bad == VB_BAD_GEN);
+    vblock_stamp(r + 30 * PAGE_SIZE_4K, 30, gen[30]);
+
+    /* a page of zeros (a lost page) at block 63 */
+    memset(r + 63 * PAGE_SIZE_4K, 0, PAGE_SIZE_4K);
+    CHECK(vregion_find_bad(r, gen, N, 0, N, &bad) == 63 &&
+          bad == (VB_BAD_MAGIC | VB_BAD_ADDR | VB_BAD_GEN | VB_BAD_CSUM));
+    free(r);
+}
+
+static void test_json_escape(void)
+{
+    char out[64];
+
+    json_escape(out, sizeof(out), "a\"b\\c\nd");
+    CHECK(!strcmp(out, "a\\\"b\\\\c\\u000ad"));
+    json_escape(out, 8, "0123456789");
+    CHECK(strlen(out) < 8);
+}
+
+static void test_pacer(void)
+{
+    pacer_t p;
+    uint64_t t0;
+
+    CHECK(pacer_quantum(0, 4096, 64) == 64);
+    CHECK(pacer_quantum(64ull << 20, 4096, 64) == 16);     /* 64 MiB/s: 16 pages/ms */
+    CHECK(pacer_quantum(1ull << 20, 4096, 64) == 1);       /* slower than a page/ms */
+    CHECK(pacer_quantum(10ull << 30, 4096, 64) == 64);
+    /* 20 MiB at 200 MiB/s takes at least 100 ms */
+    t0 = now_ns();
+    pacer_init(&p, 200ull << 20);
+    for (int i = 0; i < 20; i++) {
+        pacer_spend(&p, 1ull << 20);
+    }
+    CHECK(now_ns() - t0 >= 99000000ull);
+    /* after a 1 s stall, the catch-up burst is capped at PACER_BURST_NS */
+    pacer_init(&p, 100ull << 20);
+    p.start_ns -= 1000000000ull;
+    pacer_spend(&p, 1);
+    t0 = now_ns();
+    for (int i = 0; i < 20; i++) {
+        pacer_spend(&p, 1ull << 20); /* 200 ms of allowance */
+    }
+    CHECK(now_ns() - t0 >= 140000000ull);
+}
+
 static void test_sizes(void)
 {
     uint64_t v;
@@ -190,6 +276,9 @@ int main(void)
     test_fill_kinds();
     test_page_choice();
     test_checker();
+    test_region_scan();
+    test_json_escape();
+    test_pacer();
     test_sizes();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
