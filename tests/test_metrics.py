@@ -34,6 +34,13 @@ def test_workload_stats_counts_the_dip():
     assert st.min_rate is not None and st.min_rate < 1e6
 
 
+def test_verification_hold_is_not_a_dip():
+    before = _samples(100e6, 0.0, 10.0)
+    after = _samples(100e6, 11.0, 15.0, start_count=before[-1].mem_bytes)
+    st = workload_stats(before + after, 2.0, 8.0, 15.0, exclude=(10.0, 11.0))
+    assert st.seconds_below_10pct == 0
+
+
 def test_rate_series_constant():
     s = _samples(50e6, 0, 5)
     series = rate_series(s, 1.0, 4.0)

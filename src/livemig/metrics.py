@@ -114,11 +114,18 @@ class WorkloadStats:
 
 
 def workload_stats(
-    samples: Sequence[RateSample], baseline_start: float, start: float, end: float
+    samples: Sequence[RateSample], baseline_start: float, start: float, end: float,
+    exclude: tuple[float, float] | None = None,
 ) -> WorkloadStats:
-    """Baseline from [baseline_start, start); dips judged over [start, end]."""
+    """Baseline from [baseline_start, start); dips judged over [start, end].
+
+    Bins overlapping ``exclude`` (the time livemig itself held the guest paused to
+    compare RAM, which a real migration does not have) are left out."""
     baseline = average_rate(samples, baseline_start, start)
     series = rate_series(samples, start, end)
+    if exclude is not None:
+        lo, hi = exclude
+        series = [(t, r) for t, r in series if t + BIN_S <= lo or t >= hi]
     if not series:
         return WorkloadStats(baseline, None, None, None, None)
     rates = [r for _, r in series]

@@ -37,7 +37,8 @@ def build_report(m: Migration) -> dict[str, Any]:
     wl: dict[str, Any] = {"spec": o.workload.text}
     if m.t_ready is not None and m.t_migrate is not None:
         end = (m.t_end or m.t_migrate)
-        wl.update(metrics.workload_stats(rates, m.t_ready, m.t_migrate, end).as_dict())
+        hold = (m.t_dst_done, m.t_cont) if m.t_dst_done and m.t_cont else None
+        wl.update(metrics.workload_stats(rates, m.t_ready, m.t_migrate, end, hold).as_dict())
     wl["guest_agent_errors"] = sum(len(a.errors) for a in (m.src_agent, m.dst_agent) if a)
     ram_check: dict[str, Any] = {"result": "skipped"}
     if m.ram_check is not None:
