@@ -135,3 +135,31 @@ def test_livemig_profile_converges_flat_out_writer_with_direct_throttle(tmp_path
     assert actions, "the throttle policy never acted"
     assert actions[0]["percent"] in (90, 99) or actions[0]["reason"].startswith("staged")
     assert rep["settings"]["livemig"]["throttle"] == "reference"
+
+
+def test_lz4_multifd_with_bypass_is_consistent(tmp_path):
+    r = run_migrate(tmp_path, "--memory", MEM, "--workload", "mem:size=192M,rate=32M,hot=80/10",
+                    "--bandwidth", "96M", "--profile", "defaults", "--set", "multifd=on",
+                    "--set", "multifd-channels=2", "--set", "multifd-compression=lz4",
+                    "--max-time", "120")
+    rep = r.report
+    assert r.rc == 0, rep.get("reason")
+    assert rep["consistency"]["ram"] == "ok"
+    ram = rep["qemu_final_stats"]["ram"]
+    assert ram["multifd-bytes"] > 0
+    # fill=mixed has ~20% random pages: some packets cannot pay for compression
+    assert ram["multifd-bypass-packets"] > 0
+    # and the rest compresses: fewer bytes on the wire than pages sent
+    assert ram["multifd-bytes"] < ram["normal-bytes"]
+
+
+def test_hot_page_deferral_is_consistent(tmp_path):
+    r = run_migrate(tmp_path, "--memory", MEM, "--workload", "mem:size=320M,rate=160M",
+                    "--bandwidth", "128M", "--profile", "livemig",
+                    "--set", "hot-page-defer-percent=30", "--max-time", "150")
+    rep = r.report
+    assert r.rc == 0, rep.get("reason")
+    assert rep["consistency"]["ram"] == "ok"
+    ram = rep["qemu_final_stats"]["ram"]
+    assert ram["deferral-rounds"] > 0 and ram["deferred-pages-total"] > 0
+    assert ram["deferred-pages"] == 0  # nothing held back at the end
