@@ -16,7 +16,8 @@ DEMO_ARGS ?= --memory 1G --workload mem:size=384M,rate=96M,hot=90/10 --bandwidth
 
 help:
 	@echo "make demo    migrate a busy VM with live progress, verify it, write reports/demo.json"
-	@echo "make test    lint + unit + integration tests (real QEMU, real guests)"
+	@echo "make test    lint + unit + integration tests (real QEMU, real guests) +"
+	@echo "             QEMU's migration qtests (quick set) with the patch series"
 	@echo "make setup   install packages, build QEMU and the guest image, put livemig on PATH"
 	@echo "make qtest   QEMU's own migration qtests (quick set) against build/qemu"
 
@@ -56,6 +57,7 @@ unit: venv
 
 test: setup lint
 	$(BIN)/pytest -v --durations=15 $(PYTEST_ARGS)
+	@bash qemu/run-qtests.sh
 
 qtest: qemu
 	@bash qemu/run-qtests.sh
