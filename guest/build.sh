@@ -1,79 +1,142 @@
 #!/bin/bash
-# Build the livemig guest image: Debian's cloud kernel + busybox + virtio modules +
-# the livemig agent, as build/guest/{vmlinuz,initrd.img}. Skips work that is done.
+# Build the livemig guest image: Debian's cloud kernel + busybox + the virtio modules
+# it needs + the livemig agent, as build/guest/{vmlinuz,initrd.img}.
+#
+# Packages are fetched with `apt-get download` into a cache outside the repo
+# (${LIVEMIG_CACHE:-~/.cache/livemig}/guest/, keyed by package and version) and
+# unpacked there; nothing is installed on the host. The image is rebuilt only when
+# the kernel or busybox package, the agent's sources, /init or this script change.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 out="$root/build/guest"
 cache="${LIVEMIG_CACHE:-$HOME/.cache/livemig}/guest"
-modules=(virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci
-         virtio_console virtio_blk failover net_failover virtio_net)
+# what the image needs, in the order /init loads them (dependencies are added first)
+modules=(virtio_pci virtio_console virtio_blk virtio_net)
 
-usage() { echo "usage: guest/build.sh [--out DIR]"; }
+usage() {
+    echo "usage: guest/build.sh [--out DIR] [--force]"
+    echo "  builds DIR/vmlinuz and DIR/initrd.img (default DIR: build/guest)"
+}
+force=0
 while (($#)); do
     case $1 in
-        --out) out=$2; shift 2 ;;
+        --out) out=$(mkdir -p "$2" && cd "$2" && pwd); shift 2 ;;
+        --force) force=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "guest/build.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
     esac
 done
-step() { echo "== guest: $*"; }
-t0=$(date +%s)
+
+ms() { date +%s%3N; }
+secs() { local d=$(( $(ms) - $1 )); printf '%d.%03ds' $((d / 1000)) $((d % 1000)); }
+t_all=$(ms)
+t_step=$t_all
+step() { echo "== guest: $*"; t_step=$(ms); }
+step_done() { echo "   ($(secs "$t_step"))"; }
+die() { echo "guest/build.sh: $*" >&2; exit 1; }
 mkdir -p "$cache" "$out"
+for tool in apt-get apt-cache dpkg-deb depmod cpio gzip make cc; do
+    command -v "$tool" >/dev/null || die "$tool is missing (make setup installs it)"
+done
 
-# 1. the kernel package: whatever linux-image-cloud-amd64 points at today
-kpkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}')
-if [[ -z $kpkg ]]; then
-    step "apt-get update (kernel package not known yet)"
+# 1. resolve the packages: the kernel linux-image-cloud-amd64 points at, busybox-static
+step "resolving packages"
+kernel_pkg() {
+    apt-cache depends linux-image-cloud-amd64 2>/dev/null \
+        | awk '/Depends: linux-image-[0-9].*-cloud-amd64/ {print $2; exit}'
+}
+candidates() {  # "PKG VERSION" per package with a candidate, from one apt-cache call
+    apt-cache policy "$@" 2>/dev/null \
+        | awk '/^[^ ]+:$/ {p = substr($1, 1, length($1) - 1)}
+               /Candidate:/ && $2 != "(none)" {print p, $2}'
+}
+resolve() {
+    kpkg=$(kernel_pkg)
+    vers=$( [[ -n $kpkg ]] && candidates "$kpkg" busybox-static)
+    kpkg_ver=$(awk -v p="$kpkg" '$1 == p {print $2}' <<< "$vers")
+    bb_ver=$(awk '$1 == "busybox-static" {print $2}' <<< "$vers")
+    [[ -n $kpkg && -n $kpkg_ver && -n $bb_ver ]]
+}
+if ! resolve; then
+    echo "   apt-cache does not know the packages yet: apt-get update"
     apt-get update -qq
-    kpkg=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
+    resolve || die "cannot resolve linux-image-cloud-amd64 and busybox-static with apt-cache"
 fi
-[[ -n $kpkg ]] || { echo "guest/build.sh: cannot resolve linux-image-cloud-amd64" >&2; exit 1; }
 kver=${kpkg#linux-image-}
-command -v busybox >/dev/null && dpkg-query -W busybox-static >/dev/null 2>&1 \
-    || { step "installing busybox-static"; apt-get install -y -qq busybox-static >/dev/null; }
-command -v depmod >/dev/null || apt-get install -y -qq kmod >/dev/null
-command -v cpio >/dev/null || apt-get install -y -qq cpio >/dev/null
+echo "   kernel $kpkg $kpkg_ver, busybox-static $bb_ver"
+step_done
 
-# 2. the agent (static)
+# 2. the agent (static); make rebuilds it only when its sources changed
 step "agent"
 make -s -C "$here/agent" OUT="$out/agent" >/dev/null
+agent="$out/agent/livemig-agent"
+step_done
 
-key=$( { echo "$kpkg"; dpkg-query -W -f='${Version}' busybox-static; cat "$here/init" "$0";
-         sha256sum "$out/agent/livemig-agent"; } | sha256sum | cut -c1-16)
-if [[ -f $out/stamp && $(cat "$out/stamp") == "$key" && -f $out/initrd.img && -f $out/vmlinuz ]]; then
-    step "up to date ($kver)"
+key=$( { echo "$kpkg $kpkg_ver busybox-static $bb_ver"
+         cat "$here"/agent/*.c "$here"/agent/*.h "$here/agent/Makefile" "$here/init" "$0"
+       } | sha256sum | cut -c1-16)
+if ((!force)) && [[ -f $out/stamp && $(cat "$out/stamp") == "$key" \
+                   && -f $out/initrd.img && -f $out/vmlinuz ]]; then
+    echo "== guest: up to date (kernel $kver, stamp $key) in $(secs "$t_all")"
     exit 0
 fi
 
-kdir="$cache/$kpkg"
-if [[ ! -d $kdir/boot ]]; then
-    step "downloading $kpkg"
-    tmp=$(mktemp -d "$cache/dl.XXXX")
-    (cd "$tmp" && apt-get download "$kpkg" 2>&1 | grep -v "^W: Download is performed unsandboxed" || true)
-    deb=$(ls "$tmp"/*.deb)
-    rm -rf "$kdir.part" && dpkg-deb -x "$deb" "$kdir.part"
-    depmod -b "$kdir.part" "$kver"
-    rm -rf "$tmp" && mv "$kdir.part" "$kdir"
+# 3. download and unpack a package into the cache (once per package version)
+fetch_pkg() {  # $1 package, $2 version -> prints the directory it is unpacked in
+    local pkg=$1 ver=$2 dir tmp deb
+    dir="$cache/${pkg}_${ver//:/%3a}"
+    if [[ ! -f $dir/.unpacked ]]; then
+        tmp=$(mktemp -d "$cache/dl.XXXXXX")
+        (cd "$tmp" && apt-get download -q "$pkg=$ver" 2>&1 \
+            | grep -v -e "unsandboxed as root" -e "^Get:" -e "^Fetched" >&2 || true)
+        deb=$(ls "$tmp"/*.deb 2>/dev/null | head -n 1)
+        [[ -n $deb ]] || { rm -rf "$tmp"; die "apt-get download $pkg=$ver failed"; }
+        rm -rf "$dir" && dpkg-deb -x "$deb" "$dir"
+        rm -rf "$tmp"
+        touch "$dir/.unpacked"
+    fi
+    echo "$dir"
+}
+step "fetching $kpkg and busybox-static (cache: $cache)"
+kdir=$(fetch_pkg "$kpkg" "$kpkg_ver")
+bbdir=$(fetch_pkg busybox-static "$bb_ver")
+busybox="$bbdir/bin/busybox"
+[[ -x $busybox ]] || die "no bin/busybox in busybox-static $bb_ver"
+mdir="$kdir/lib/modules/$kver"
+vmlinuz="$kdir/boot/vmlinuz-$kver"
+[[ -f $vmlinuz && -d $mdir ]] || die "$kpkg has no vmlinuz or modules"
+if [[ ! -f $mdir/modules.dep ]]; then
+    depmod -b "$kdir" "$kver"  # Debian ships no modules.dep; its postinst makes it
 fi
+step_done
 
+# 4. the initramfs
 step "initramfs"
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage"/{bin,sbin,etc,proc,sys,dev,tmp,lib/modules}
-cp "$(command -v busybox)" "$stage/bin/busybox"
-for app in $("$stage/bin/busybox" --list); do
+mkdir -p "$stage"/{bin,sbin,etc,proc,sys,dev,tmp,run,lib/modules}
+cp "$busybox" "$stage/bin/busybox"
+for app in $("$busybox" --list); do
     [[ -e $stage/bin/$app ]] || ln -s busybox "$stage/bin/$app"
 done
-cp "$out/agent/livemig-agent" "$stage/bin/livemig-agent"
+cp "$agent" "$stage/bin/livemig-agent"
 install -m 0755 "$here/init" "$stage/init"
-mdir="$kdir/lib/modules/$kver"
+
 : > "$stage/etc/modules-load"
 declare -A seen=()
-add_module() {  # $1 = module name; adds its dependencies first
+builtin=()
+add_module() {  # $1 = module name; copies it after its dependencies (modules.dep)
     local name=$1 rel deps d
-    rel=$(awk -F: -v n="/$name.ko" '(i = index($1, n)) > 0 && i == length($1) - length(n) + 1 {print $1; exit}' "$mdir/modules.dep")
-    [[ -n $rel ]] || return 0   # built in
+    rel=$(awk -F: -v n="/$name.ko" \
+        '(i = index($1, n)) > 0 && i == length($1) - length(n) + 1 {print $1; exit}' \
+        "$mdir/modules.dep")
+    if [[ -z $rel ]]; then
+        grep -q "/$name.ko\$" "$mdir/modules.builtin" 2>/dev/null \
+            || die "module $name is neither in modules.dep nor built in"
+        builtin+=("$name")
+        return 0
+    fi
     [[ -z ${seen[$rel]:-} ]] || return 0
     seen[$rel]=1
     deps=$(awk -F: -v r="$rel" '$1 == r {print $2}' "$mdir/modules.dep")
@@ -82,8 +145,13 @@ add_module() {  # $1 = module name; adds its dependencies first
     basename "$rel" >> "$stage/etc/modules-load"
 }
 for m in "${modules[@]}"; do add_module "$m"; done
-(cd "$stage" && find . | cpio -o -H newc --quiet | gzip -1) > "$out/initrd.img.part"
+echo "   modules (load order): $(tr '\n' ' ' < "$stage/etc/modules-load")"
+echo "   built in: ${builtin[*]:-none}"
+(cd "$stage" && find . | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0 | gzip -6) \
+    > "$out/initrd.img.part"
 mv "$out/initrd.img.part" "$out/initrd.img"
-cp "$kdir/boot/vmlinuz-$kver" "$out/vmlinuz"
+cp "$vmlinuz" "$out/vmlinuz.part" && mv "$out/vmlinuz.part" "$out/vmlinuz"
 echo "$key" > "$out/stamp"
-step "done in $(( $(date +%s) - t0 ))s: $out (kernel $kver, modules: $(tr '\n' ' ' < "$stage/etc/modules-load"))"
+echo "   initrd.img $(du -k "$out/initrd.img" | cut -f1) KiB, vmlinuz $(du -k "$out/vmlinuz" | cut -f1) KiB"
+step_done
+echo "== guest: done in $(secs "$t_all"): $out (kernel $kver)"

@@ -7,6 +7,7 @@
  * that the whole region compresses about like real guest RAM (measured ratios in
  * guest/README.md); a write replaces bytes with new bytes of the page's own kind.
  */
+#include <pthread.h>
 #include <string.h>
 
 #include "agent.h"
@@ -60,21 +61,57 @@ enum page_kind page_kind_for(enum fill_kind fill, uint64_t page_index)
     return PK_RANDOM;
 }
 
+/* words padded to 16 bytes, so a word is copied with one fixed-size memcpy */
+struct padded_word {
+    char s[16];
+    size_t len;
+};
+static struct padded_word word_tab[N_WORDS];
+static pthread_once_t word_once = PTHREAD_ONCE_INIT;
+
+static void word_tab_init(void)
+{
+    for (size_t k = 0; k < N_WORDS; k++) {
+        word_tab[k].len = strlen(words[k]);
+        memcpy(word_tab[k].s, words[k], word_tab[k].len); /* all shorter than 16 */
+    }
+}
+
+static uint8_t separator(uint64_t x)
+{
+    return (x >> 32) % 13 == 0 ? '\n' : (x >> 40) % 11 == 0 ? ',' : ' ';
+}
+
+/*
+ * Text has locality: a stretch of text (a page, a log line) draws on a few dozen
+ * words of the vocabulary, not on all of it with equal odds.
+ */
+#define TOPIC_WORDS 20
+
 static void gen_text(uint8_t *dst, size_t len, rng_t *r)
 {
-    size_t i = 0;
+    size_t i = 0, topic = (size_t)(rng_next(r) % N_WORDS);
+#define word_index(x) ((topic + (size_t)((x) % TOPIC_WORDS)) % N_WORDS)
 
+    pthread_once(&word_once, word_tab_init);
+    while (i + 17 <= len) { /* fast path: room for a whole padded word + separator */
+        uint64_t x = rng_next(r);
+        const struct padded_word *w = &word_tab[word_index(x)];
+        memcpy(dst + i, w->s, 16);
+        i += w->len;
+        dst[i++] = separator(x);
+    }
     while (i < len) {
         uint64_t x = rng_next(r);
-        const char *w = words[x % N_WORDS];
-        size_t wl = strlen(w);
-        for (size_t k = 0; k < wl && i < len; k++) {
-            dst[i++] = (uint8_t)w[k];
+        const struct padded_word *w = &word_tab[word_index(x)];
+        for (size_t k = 0; k < w->len && i < len; k++) {
+            dst[i++] = (uint8_t)w->s[k];
         }
         if (i < len) {
-            dst[i++] = (x >> 32) % 13 == 0 ? '\n' : (x >> 40) % 11 == 0 ? ',' : ' ';
+            dst[i++] = separator(x);
         }
     }
+#undef word_index
 }
 
 /* one 64-byte object: two heap pointers, small ints, a length, a hash, padding */

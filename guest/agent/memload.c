@@ -51,7 +51,7 @@ struct mem_job *memload_prepare(const struct mem_spec *spec, char *err, size_t e
     j->spec = *spec;
     j->npages = spec->size / PAGE_SIZE_4K;
     j->region = mmap(NULL, j->npages * PAGE_SIZE_4K, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     j->kinds = malloc(j->npages);
     if (j->region == MAP_FAILED || !j->kinds) {
         snprintf(err, errlen, "mem: cannot allocate %llu MiB",

@@ -1,13 +1,14 @@
 /*
  * Stamp-and-verify: every 4 KiB block of a memory region and of a disk region
  * carries a magic, its address (block index), a generation and an FNV-1a checksum
- * over the whole block. The checker keeps rewriting blocks with the next
+ * over the whole block (64-bit words). The checker keeps rewriting blocks with the next
  * generation (so they stay dirty during a migration) and keeps reading blocks back
  * against the generation it expects, kept in a separate table. Any difference is
  * reported at once. Nothing depends on wall-clock time, so a pause and resume on
  * another host cannot cause a false alarm: only lost, stale or misplaced data can.
  */
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,12 +36,25 @@ struct verify_job {
 
 static atomic_int reports;
 
+/*
+ * FNV-1a over the block's 64-bit words (header without the checksum, then the
+ * payload): each step is a bijection of the running hash, so any change confined
+ * to one word always changes the result; word-wise it is 8x cheaper than
+ * byte-wise, which matters under TCG.
+ */
 static uint64_t block_csum(const uint8_t *blk)
 {
-    const struct vblock_hdr *h = (const void *)blk;
-    uint64_t c = fnv1a64(&h->magic, 3 * sizeof(uint64_t), FNV_OFFSET);
+    uint64_t h = FNV_OFFSET;
 
-    return fnv1a64(blk + HDR, PAGE_SIZE_4K - HDR, c);
+    for (size_t off = 0; off < PAGE_SIZE_4K; off += 8) {
+        uint64_t w;
+        if (off == offsetof(struct vblock_hdr, csum)) {
+            continue;
+        }
+        memcpy(&w, blk + off, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+    }
+    return h;
 }
 
 /* The payload is ordinary-looking memory, different for each generation. */

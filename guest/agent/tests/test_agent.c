@@ -167,6 +167,18 @@ static void test_checker(void)
     /* a stale block (the old generation arrived): generation */
     vblock_stamp(blocks + 3 * PAGE_SIZE_4K, 3, 4);
     CHECK(vblock_check(blocks + 3 * PAGE_SIZE_4K, 3, 5) == 4);
+    /* a single flipped bit anywhere in a block is caught */
+    {
+        int all = 1;
+        vblock_stamp(blocks, 0, 5);
+        CHECK(vblock_check(blocks, 0, 5) == 0);
+        for (size_t off = 0; off < PAGE_SIZE_4K; off += 7) {
+            blocks[off] ^= 0x10;
+            all &= vblock_check(blocks, 0, 5) != 0;
+            blocks[off] ^= 0x10;
+        }
+        CHECK(all);
+    }
     /* a zeroed block: magic, address, generation and checksum all wrong */
     memset(blocks + PAGE_SIZE_4K, 0, PAGE_SIZE_4K);
     CHECK(vblock_check(blocks + PAGE_SIZE_4K, 1, 5) == 15);
