@@ -22,7 +22,9 @@ while (($#)); do
 done
 [[ -f $stamp ]] || { echo "run-qtests.sh: no QEMU build ($stamp); run qemu/build.sh" >&2; exit 2; }
 tree=$(sed -n 's/^tree=//p' "$stamp")
-bdir="$tree/src/build"
+bdir="$tree/build"
+[[ -f $bdir/build.ninja ]] || bdir="$tree/src/build"
+[[ -f $bdir/build.ninja ]] || { echo "run-qtests.sh: no build tree under $tree" >&2; exit 2; }
 echo "== qtest: building tests/qtest/migration-test"
 ninja -C "$bdir" tests/qtest/migration-test >/dev/null
 # firmware: the +ds tarball ships none; use Debian's
