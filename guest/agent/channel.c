@@ -23,8 +23,10 @@
 #define SLOTS 256
 #define LINE_MAX_LEN 1024
 #define KEEP_NS 10000000000ull /* retry a CH_KEEP line for 10 s */
+#define STALE_NS 100000000ull   /* an hb/rate line older than this is not sent */
 
 struct slot {
+    uint64_t queued_ns;
     int flags;
     int len;
     char text[LINE_MAX_LEN];
@@ -75,6 +77,11 @@ int channel_open(const char *port_name)
 
 static void write_line(const struct slot *s)
 {
+    if (chan_fd >= 0 && !(s->flags & CH_KEEP) && now_ns() - s->queued_ns > STALE_NS) {
+        /* queued behind a retried line: its arrival time would lie to the host */
+        atomic_fetch_add(&dropped, 1);
+        return;
+    }
     if (chan_fd >= 0) {
         /*
          * One write per line, never blocking. EAGAIN (host not connected or not
@@ -141,6 +148,7 @@ void channel_send(int flags, const char *fmt, ...)
     }
     s.len = n;
     s.flags = flags;
+    s.queued_ns = now_ns();
     if (!writer_running) {
         write_line(&s);
         return;

@@ -19,14 +19,15 @@ Standard library only (it runs before the project's venv exists).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import mmap
 import os
-import struct
 import re
 import shutil
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -123,7 +124,7 @@ class Agent:
         while time.monotonic() < until:
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not data:
                 raise ConnectionError("agent channel closed")
@@ -149,8 +150,8 @@ def measure(agent: Agent, requested: dict[str, int | None], t_ready: float) -> d
     res: dict = {}
     hbs = [(t, m) for t, m in agent.events("hb") if t > t_ready]
     if len(hbs) > 2:
-        host = [(b[0] - a[0]) * 1e3 for a, b in zip(hbs, hbs[1:])]
-        guest = [(b[1]["t"] - a[1]["t"]) / 1e6 for a, b in zip(hbs, hbs[1:])]
+        host = [(b[0] - a[0]) * 1e3 for a, b in itertools.pairwise(hbs)]
+        guest = [(b[1]["t"] - a[1]["t"]) / 1e6 for a, b in itertools.pairwise(hbs)]
         seqs = [m["seq"] for _, m in hbs]
         res["hb"] = {
             "count": len(hbs), "missing_seq": seqs[-1] - seqs[0] + 1 - len(seqs),
@@ -173,7 +174,7 @@ def measure(agent: Agent, requested: dict[str, int | None], t_ready: float) -> d
         # smoothness: achieved rate per 100 ms report interval
         per = [((y["mem_bytes"] + y["disk_bytes"]) - (x["mem_bytes"] + x["disk_bytes"]))
                / ((y["t"] - x["t"]) / 1e9) / (1 << 20)
-               for (_, x), (_, y) in zip(rates, rates[1:])]
+               for (_, x), (_, y) in itertools.pairwise(rates)]
         res["rate"]["per_report_mib_s"] = {"min": round(min(per), 2),
                                            "p50": round(statistics.median(per), 2),
                                            "max": round(max(per), 2)}
@@ -209,7 +210,8 @@ def main() -> int:
     res: dict = {"workload": a.workload, "qemu": a.qemu, "cmd": cmd}
     agent: Agent | None = None
     t0 = time.monotonic()
-    qemu = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(work / "qemu.err", "w"))
+    with open(work / "qemu.err", "w") as err:
+        qemu = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
     try:
         agent = Agent(work / "agent.sock", t0, t0 + 10)
         hello = agent.pump(t0 + a.boot_timeout, stop_on="hello")
@@ -301,7 +303,7 @@ def udp_echo(port: int, n: int = 20) -> dict:
         s.sendto(payload, ("127.0.0.1", port))
         try:
             data, _ = s.recvfrom(4096)
-        except socket.timeout:
+        except TimeoutError:
             continue
         if data == payload:
             ok += 1
