@@ -18,7 +18,8 @@ def test_defaults_and_combination():
     w = parse_workload("mem:zipf=1.2+disk:bs=8K,rate=2M+verify:mem=64M,disk=32M")
     assert w.mem[0].zipf == 1.2 and w.mem[0].fill == "mixed" and w.mem[0].touch == 64
     assert w.disk[0].bs == 8192 and w.disk[0].rate == 2 << 20 and w.disk[0].dev == "/dev/vda"
-    assert w.verify is not None and w.verify.mem == 64 << 20
+    assert w.verify is not None and w.verify.mem == 64 << 20 and w.verify.rate == 8 << 20
+    assert parse_workload("verify:mem=1M,rate=1M").verify.rate == 1 << 20
     assert w.mem_bytes == (256 << 20) + (64 << 20)
 
 

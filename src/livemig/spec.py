@@ -39,6 +39,7 @@ class DiskLoad:
 class VerifyLoad:
     mem: int = 0
     disk: int = 0
+    rate: int = 8 << 20  # bytes/s of blocks rewritten with a new generation
 
 
 @dataclass(frozen=True)
@@ -146,10 +147,10 @@ def _parse_disk(item: str, kv: dict[str, str]) -> DiskLoad:
 def _parse_verify(item: str, kv: dict[str, str]) -> VerifyLoad:
     args: dict[str, int] = {}
     for key, value in kv.items():
-        if key not in ("mem", "disk"):
+        if key not in ("mem", "disk", "rate"):
             raise UsageError(f"bad workload item {item!r}: unknown key {key!r} for verify")
         args[key] = parse_size(value, f"{item}: {key}")
-    if not any(args.values()):
+    if not (args.get("mem") or args.get("disk")):
         raise UsageError(f"bad workload item {item!r}: give mem=SIZE and/or disk=SIZE")
     return VerifyLoad(**args)
 
