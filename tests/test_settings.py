@@ -3,7 +3,7 @@ import pytest
 from livemig.errors import UsageError
 from livemig.settings import parse_sets, profile_settings, resolve
 
-CAPS = {"auto-converge": False, "multifd": False, "xbzrle": False}
+CAPS = {"auto-converge": False, "multifd": False, "xbzrle": False, "postcopy-ram": False}
 PARAMS = {"max-bandwidth": 0, "multifd-compression": "none", "multifd-channels": 2,
           "block-incremental": False}
 
@@ -26,6 +26,12 @@ def test_resolve_kinds_and_types():
 def test_resolve_errors(wanted, msg):
     with pytest.raises(UsageError, match=msg):
         resolve(wanted, CAPS, PARAMS)
+
+
+def test_settings_that_need_capabilities():
+    r = resolve({"throttle": "auto-converge", "on-stall": "postcopy"}, CAPS, PARAMS)
+    assert r.capabilities == {"auto-converge": True, "postcopy-ram": True}
+    assert r.livemig["on-stall"] == "postcopy"
 
 
 def test_parse_sets():

@@ -130,8 +130,15 @@ def resolve(
                 res.livemig[key] = setting.kind(value)
             except (ValueError, UsageError):
                 raise UsageError(f"bad --set {key}={value}: {setting.doc}") from None
+            # settings that need a QEMU capability on both ends from the start
             if key == "throttle" and value == "auto-converge":
                 res.capabilities["auto-converge"] = True
+            if key == "throttle" and value == "dirty-limit" and "dirty-limit" in qemu_caps:
+                res.capabilities["dirty-limit"] = True
+            if key == "on-stall" and value == "postcopy":
+                if "postcopy-ram" not in qemu_caps:
+                    raise UsageError("on-stall=postcopy: this QEMU has no postcopy-ram")
+                res.capabilities["postcopy-ram"] = True
         elif key in qemu_caps:
             res.capabilities[key] = _bool(key, value)
         elif key in qemu_params:
