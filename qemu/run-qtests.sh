@@ -33,12 +33,14 @@ mkdir -p "$fw"
 for f in /usr/share/seabios/*.bin /usr/share/qemu/*.bin /usr/share/qemu/*.rom /usr/lib/ipxe/qemu/*.rom; do
     [[ -e $f ]] && ln -sf "$(readlink -f "$f")" "$fw/$(basename "$f")"
 done
+# the analyze-script test execl()s $PYTHON: it must be an absolute path
+py=$(command -v /usr/bin/python3 || command -v python3)
 log=$(mktemp)
 echo "== qtest: migration-test ${args[*]:-(quick set)} under TCG"
 t=$SECONDS
 set +e
 (cd "$bdir" && unshare -m sh -c 'mount --bind /dev/null /dev/kvm 2>/dev/null; exec "$@"' sh \
-    env QTEST_QEMU_BINARY=./qemu-system-x86_64 PYTHON=python3 \
+    env QTEST_QEMU_BINARY=./qemu-system-x86_64 PYTHON="$py" \
     ./tests/qtest/migration-test --tap -k "${args[@]}") 2>&1 | tee "$log" | grep -E '^(ok|not ok|Bail out|# Running)' 
 rc=${PIPESTATUS[0]}
 set -e
