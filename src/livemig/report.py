@@ -110,7 +110,8 @@ def summary(r: dict[str, Any]) -> str:
         f"guest pause      {_f(r['guest_pause_ms'], ' ms')}"
         + (f"  (held {r['verify_hold_ms']:.0f} ms for the RAM check, subtracted)"
            if r.get("verify_hold_ms") else ""),
-        f"RAM sent         {fmt_bytes(r['ram_transferred_bytes'])} in {r['rounds']} rounds",
+        f"RAM sent         {fmt_bytes(r['ram_transferred_bytes'])}"
+        + (f" in {r['rounds']} rounds" if r["rounds"] is not None else ""),
         f"CPU seconds      source {_f(r['cpu_seconds']['source'], '')}, destination "
         f"{_f(r['cpu_seconds']['destination'], '')}, migration threads "
         f"{_f(r['cpu_seconds']['source_migration_threads'], '')}",
