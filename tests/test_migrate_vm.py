@@ -163,3 +163,17 @@ def test_hot_page_deferral_is_consistent(tmp_path):
     ram = rep["qemu_final_stats"]["ram"]
     assert ram["deferral-rounds"] > 0 and ram["deferred-pages-total"] > 0
     assert ram["deferred-pages"] == 0  # nothing held back at the end
+
+
+def test_issue4_done_when_lz4_and_deferral_together(tmp_path):
+    """`livemig migrate --set multifd-compression=lz4 --set hot-page-defer-percent=30`
+    (the series' acceptance command): lz4 implies multifd; consistent."""
+    r = run_migrate(tmp_path, "--memory", MEM, "--workload", "mem:size=256M,rate=96M",
+                    "--bandwidth", "96M", "--set", "multifd-compression=lz4",
+                    "--set", "hot-page-defer-percent=30", "--max-time", "150")
+    rep = r.report
+    assert r.rc == 0, rep.get("reason")
+    assert rep["consistency"]["ram"] == "ok"
+    assert rep["settings"]["capabilities"]["multifd"] is True
+    assert rep["settings"]["parameters"]["multifd-compression"] == "lz4"
+    assert rep["qemu_final_stats"]["ram"]["multifd-bytes"] > 0

@@ -1,7 +1,7 @@
 import pytest
 
 from livemig.errors import UsageError
-from livemig.settings import parse_sets, profile_settings, resolve
+from livemig.settings import merge, parse_sets, profile_settings, resolve
 
 CAPS = {"auto-converge": False, "multifd": False, "xbzrle": False, "postcopy-ram": False}
 PARAMS = {"max-bandwidth": 0, "multifd-compression": "none", "multifd-channels": 2,
@@ -32,6 +32,15 @@ def test_settings_that_need_capabilities():
     r = resolve({"throttle": "auto-converge", "on-stall": "postcopy"}, CAPS, PARAMS)
     assert r.capabilities == {"auto-converge": True, "postcopy-ram": True}
     assert r.livemig["on-stall"] == "postcopy"
+
+
+def test_asking_for_a_multifd_codec_means_multifd():
+    w = merge("livemig", {"multifd-compression": "lz4"})
+    assert w["multifd"] == "on" and w["xbzrle"] == "off" and w["throttle"] == "reference"
+    w = merge("livemig", {"multifd-compression": "lz4", "xbzrle": "on"})
+    assert w["xbzrle"] == "on"  # explicit: QEMU will refuse with its own reason
+    w = merge("upstream-plain", {"multifd-compression": "none"})
+    assert "multifd" not in w
 
 
 def test_parse_sets():

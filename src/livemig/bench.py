@@ -21,7 +21,7 @@ from livemig.errors import UsageError
 from livemig.migration import MigrateOptions, Migration
 from livemig.progress import Progress
 from livemig.report import build_report, write_report
-from livemig.settings import PROFILES, profile_settings
+from livemig.settings import PROFILES, merge
 from livemig.spec import parse_workload
 from livemig.units import parse_size
 
@@ -65,8 +65,7 @@ def load_scenario(path: Path) -> dict[str, Any]:
 
 def options_for(sc: dict[str, Any], profile: str, accel: str, reason: str,
                 qemu: Path | None) -> MigrateOptions:
-    wanted = profile_settings(profile)
-    wanted.update({k: str(v) for k, v in sc.get("set", {}).items()})
+    wanted = merge(profile, {k: str(v) for k, v in sc.get("set", {}).items()})
     opts = MigrateOptions(
         workload=parse_workload(sc["workload"]), memory=parse_size(sc["memory"]),
         vcpus=int(sc.get("vcpus", 1)),

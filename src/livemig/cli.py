@@ -18,7 +18,7 @@ from livemig.errors import FaultInjectionRefused, LivemigError, UsageError
 from livemig.migration import Fault, MigrateOptions, Migration, ensure_root
 from livemig.progress import Progress
 from livemig.report import build_report, summary, write_report
-from livemig.settings import LIVEMIG_SETTINGS, PROFILES, parse_sets, profile_settings
+from livemig.settings import LIVEMIG_SETTINGS, PROFILES, merge, parse_sets
 from livemig.spec import parse_workload
 from livemig.units import parse_size
 
@@ -127,8 +127,7 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         raise UsageError("--vcpus must be in 1..64")
     if a.max_time is not None and a.max_time <= 0:
         raise UsageError("--max-time must be positive")
-    wanted = profile_settings(a.profile)
-    wanted.update(parse_sets(a.set))
+    wanted = merge(a.profile, parse_sets(a.set))
     opts = MigrateOptions(
         workload=workload, memory=memory, vcpus=a.vcpus,
         bandwidth=parse_size(a.bandwidth, "--bandwidth") if a.bandwidth else None,

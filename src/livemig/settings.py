@@ -84,6 +84,23 @@ def parse_sets(items: list[str]) -> dict[str, str]:
     return out
 
 
+def merge(profile: str, sets: dict[str, str]) -> dict[str, str]:
+    """The profile's settings overridden by ``--set``, plus what those imply.
+
+    Asking for a multifd compression method or channel count means using multifd;
+    multifd and xbzrle exclude each other in QEMU, so a profile's xbzrle gives way
+    (an explicit ``--set xbzrle=on`` does not, and QEMU will say why)."""
+    wanted = profile_settings(profile)
+    wanted.update(sets)
+    wants_multifd = sets.get("multifd-compression", "none") != "none" or (
+        "multifd-channels" in sets)
+    if wants_multifd and "multifd" not in sets:
+        wanted["multifd"] = "on"
+        if "xbzrle" not in sets and wanted.get("xbzrle") == "on":
+            wanted["xbzrle"] = "off"
+    return wanted
+
+
 def profile_settings(profile: str) -> dict[str, str]:
     if profile not in PROFILES:
         raise UsageError(f"unknown profile {profile!r}: choose from {', '.join(PROFILES)}")
