@@ -118,3 +118,28 @@ def test_last_resort(mode, kind):
     acts = lr.react(StrategyExhausted("x"), snap(0, 5, MB))
     assert isinstance(acts[0], kind)
     assert lr.react(StrategyExhausted("x"), snap(1, 6, MB)) == []
+
+
+def test_controller_survives_a_migration_that_ended_under_it():
+    import asyncio
+
+    from livemig.control import Controller
+    from livemig.errors import VMError
+
+    events = []
+    c = Controller({"throttle": "reference", "on-stall": "force"},
+                   {"cpu-throttle-direct": 0}, "tcg", 300,
+                   lambda what, data: events.append(what))
+
+    async def refusing(*_args, **_kw):
+        raise VMError("src: migrate-set-parameters: cpu-throttle-direct can only be set "
+                      "while a migration is running")
+
+    trace = [snap(0, 1, 900 * MB), snap(1, 2, 100 * MB), snap(2, 3, 99 * MB)]
+
+    async def run():
+        for s in trace:
+            await c.tick(s, refusing)
+
+    asyncio.run(run())
+    assert "action SetThrottle" in events and "action not applied" in events

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-from livemig.errors import UsageError
+from livemig.errors import UsageError, VMError
 from livemig.policy.base import (
     AbortMigration,
     Action,
@@ -81,16 +81,25 @@ class Controller:
         for a in actions:
             await self.apply(a, cmd)
         if self.throttle_pct and not any(isinstance(a, SetThrottle) for a in actions):
-            await cmd("migrate-set-parameters", **{DIRECT_KNOB: self.throttle_pct})  # lease
+            await self._set(cmd, **{DIRECT_KNOB: self.throttle_pct})  # renew the lease
+
+    async def _set(self, cmd: Command, **params: Any) -> None:
+        """Set parameters; the migration may have ended since the last poll, in which
+        case QEMU refuses the throttle knob: that is not a failure of the run."""
+        try:
+            await cmd("migrate-set-parameters", **params)
+        except VMError as e:
+            log.info("parameters not set (migration ended?): %s", e)
+            self.record("action not applied", {"params": params, "error": str(e)})
 
     async def apply(self, a: Action, cmd: Command) -> None:
         log.info("policy action %s", a)
         self.record(f"action {type(a).__name__}", asdict(a))
         if isinstance(a, SetThrottle):
             self.throttle_pct = a.percent
-            await cmd("migrate-set-parameters", **{DIRECT_KNOB: a.percent})
+            await self._set(cmd, **{DIRECT_KNOB: a.percent})
         elif isinstance(a, SetDowntimeLimit):
-            await cmd("migrate-set-parameters", **{"downtime-limit": a.ms})
+            await self._set(cmd, **{"downtime-limit": a.ms})
         elif isinstance(a, ForceSwitchover):
             self.forced = a.reason
         elif isinstance(a, AbortMigration):
@@ -103,4 +112,4 @@ class Controller:
         """Drop the throttle (QEMU also clears it at the end; this is belt and braces)."""
         if self.throttle_pct:
             self.throttle_pct = 0
-            await cmd("migrate-set-parameters", **{DIRECT_KNOB: 0})
+            await self._set(cmd, **{DIRECT_KNOB: 0})
