@@ -41,7 +41,7 @@ t=$SECONDS
 set +e
 (cd "$bdir" && unshare -m sh -c 'mount --bind /dev/null /dev/kvm 2>/dev/null; exec "$@"' sh \
     env QTEST_QEMU_BINARY=./qemu-system-x86_64 PYTHON="$py" \
-    ./tests/qtest/migration-test --tap -k "${args[@]}") 2>&1 | tee "$log" | grep -E '^(ok|not ok|Bail out|# Running)' 
+    ./tests/qtest/migration-test --tap -k "${args[@]}") 2>&1 | tee "$log" | grep --line-buffered -E '^(ok|not ok|Bail out|# Running)' 
 rc=${PIPESTATUS[0]}
 set -e
 pass=$(grep -c '^ok ' "$log" | grep -v SKIP || true)
