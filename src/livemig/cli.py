@@ -15,12 +15,12 @@ from typing import NoReturn
 from livemig import __version__
 from livemig.accel import choose_accel
 from livemig.errors import FaultInjectionRefused, LivemigError, UsageError
-from livemig.migration import Fault, MigrateOptions, Migration, ensure_root
+from livemig.migration import FAULT_KINDS, Fault, MigrateOptions, Migration, ensure_root
 from livemig.progress import Progress
 from livemig.report import build_report, summary, write_report
 from livemig.settings import LIVEMIG_SETTINGS, PROFILES, merge, parse_sets
 from livemig.spec import parse_workload
-from livemig.units import parse_size
+from livemig.units import parse_link_rate, parse_size
 
 EXIT_ABORTED = 3
 EXIT_MISMATCH = 4
@@ -48,6 +48,13 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--workload", default="mem:size=256M,rate=64M,hot=80/10",
                    help="workload spec, e.g. mem:size=512M,rate=200M,hot=80/10+disk:bs=8K")
     m.add_argument("--bandwidth", help="cap on the migration stream, bytes/s (e.g. 64M)")
+    m.add_argument("--link", default="1gbit",
+                   help="rate of the testbed's migration link between the src and dst "
+                        "hosts: 100mbit, 1gbit, 10gbit, none (unshaped), or local (no "
+                        "testbed: both QEMUs on this host, loopback) (default 1gbit)")
+    m.add_argument("--storage", default="shared", choices=("shared", "copy"),
+                   help="shared: one disk image both hosts use; copy: each host has its "
+                        "own and the disk is mirrored over NBD first (default shared)")
     m.add_argument("--profile", default="livemig", choices=list(PROFILES),
                    help="settings preset (default livemig)")
     m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -62,7 +69,8 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--disk-size", default="256M", help="guest disk size when the "
                    "workload writes to disk (default 256M)")
     m.add_argument("--inject-fault", action="append", default=[], metavar="KIND@ADDR",
-                   help=f"debug: corrupt the destination (ram-byte@0xADDR); needs "
+                   help=f"debug: corrupt the destination before the comparison "
+                        f"(ram-byte@0xGUESTADDR or disk-byte@OFFSET); needs "
                         f"{FAULT_ENV}=1")
     m.add_argument("--keep-run-dir", action="store_true", help="keep logs of a good run")
     m.add_argument("--run-id", help="name of this run (default: random); QEMU processes "
@@ -91,8 +99,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 _MIGRATE_DOC = """\
-Boot a source VM running a workload and a destination VM on this host, migrate the
-guest live, compare its RAM page by page, and report.
+Boot a source VM running a workload on the testbed's src host and a destination VM
+on its dst host (network namespaces joined by a shaped link, created when needed),
+migrate the guest live while a client probes it over the network, compare its RAM
+page by page (and its disk, with --storage copy), and report.
 
 exit status: 0 completed and consistent, 1 failed, 2 bad usage, 3 aborted
 (--max-time or Ctrl-C; the source keeps running), 4 completed with a consistency
@@ -109,8 +119,9 @@ def _parse_faults(items: list[str]) -> list[Fault]:
     faults = []
     for item in items:
         kind, sep, addr = item.partition("@")
-        if kind != "ram-byte" or not sep:
-            raise UsageError(f"bad --inject-fault {item!r}: expected ram-byte@0xADDRESS")
+        if kind not in FAULT_KINDS or not sep:
+            raise UsageError(f"bad --inject-fault {item!r}: expected ram-byte@0xADDRESS "
+                             "or disk-byte@OFFSET")
         try:
             faults.append(Fault(kind, int(addr, 0)))
         except ValueError:
@@ -135,7 +146,16 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         verify=not a.no_verify, faults=_parse_faults(a.inject_fault),
         disk_size=parse_size(a.disk_size, "--disk-size"),
         keep_run_dir=a.keep_run_dir, run_id=a.run_id,
+        testbed=a.link.strip().lower() != "local",
+        link=None if a.link.strip().lower() == "local" else parse_link_rate(a.link),
+        storage=a.storage,
     )
+    if opts.storage == "copy" and not opts.testbed:
+        raise UsageError("--storage copy needs the testbed's hosts: not with --link local")
+    if opts.storage == "copy" and not (workload.disk or (workload.verify and
+                                                         workload.verify.disk)):
+        raise UsageError("--storage copy needs a workload with a disk "
+                         "(e.g. --workload mem:size=128M+disk:bs=8K,rate=2M)")
     if a.run_id is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", a.run_id):
         raise UsageError("--run-id must be 1-32 letters, digits, - or _")
     if a.qemu:
@@ -171,7 +191,8 @@ def cmd_migrate(a: argparse.Namespace) -> int:
         return 1
     if report["outcome"] == "aborted":
         return EXIT_ABORTED
-    if "mismatch" in (report["consistency"]["ram"], report["consistency"]["guest"]):
+    cons = report["consistency"]
+    if "mismatch" in (cons["ram"], cons["disk"], cons["guest"]):
         return EXIT_MISMATCH
     return 0
 

@@ -30,12 +30,16 @@ from typing import Any
 from livemig import metrics, paths
 from livemig.agent import AgentLink
 from livemig.control import Controller
+from livemig.diskcheck import DiskComparison, compare_images, corrupt_block
 from livemig.errors import LivemigError, UsageError, VMError
 from livemig.policy.base import Snapshot
 from livemig.progress import Progress
 from livemig.ramcheck import RamComparison, compare_ram, corrupt_byte
 from livemig.settings import Resolved, resolve
 from livemig.spec import Workload
+from livemig.storage import DiskMirror
+from livemig.testbed import netns, topology
+from livemig.testbed.probe import Prober
 from livemig.vm import VM, Disk, VMConfig
 
 log = logging.getLogger(__name__)
@@ -76,8 +80,11 @@ _NEXT: dict[Phase, set[Phase]] = {
 class Fault:
     """A deliberate corruption, for proving that verification can fail."""
 
-    kind: str  # "ram-byte"
+    kind: str  # "ram-byte" (guest-physical address) | "disk-byte" (image offset)
     address: int
+
+
+FAULT_KINDS = ("ram-byte", "disk-byte")
 
 
 @dataclass
@@ -97,6 +104,9 @@ class MigrateOptions:
     disk_size: int = 256 << 20
     keep_run_dir: bool = False
     run_id: str | None = None
+    testbed: bool = True  # False: both QEMUs on this host, loopback (--link local)
+    link: int | None = 1_000_000_000  # bits/s of the shaped migration link; None: unshaped
+    storage: str = "shared"  # shared | copy
 
 
 @dataclass
@@ -139,6 +149,15 @@ class Migration:
         self.interrupt = asyncio.Event()
         self.controller: Controller | None = None
         self._mem_files: list[Path] = []
+        self._disk_job: dict[str, Any] | None = None
+        self.t_ram: float | None = None  # RAM migration started (after the disk, if copied)
+        self.prober: Prober | None = None
+        self.network: dict[str, Any] = {}
+        self.disk: DiskMirror | None = None
+        self.disk_check: DiskComparison | None = None
+        self._testbed = contextlib.ExitStack()
+        self._testbed_created = False
+        self._images: list[Path] = []
 
     # -- bookkeeping ------------------------------------------------------------------
     def _to(self, phase: Phase, why: str = "") -> None:
@@ -178,12 +197,16 @@ class Migration:
                 f"workload needs about {need >> 20} MiB of guest RAM but --memory is "
                 f"{o.memory >> 20} MiB"
             )
+        if o.storage == "copy" and not o.testbed:
+            raise UsageError("--storage copy needs the testbed's hosts (not --link local)")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._to(Phase.BOOTING)
         self.progress.step(f"run {self.id}: accel {o.accel} ({o.accel_reason}), "
                            f"QEMU {o.qemu}, logs in {self.run_dir}")
-        disks = self._make_disks()
-        self.src = VM(self._vm_config("src", disks, incoming=False))
+        if o.testbed:
+            self._testbed_up()
+        src_disks, dst_disks = self._make_disks()
+        self.src = VM(self._vm_config("src", src_disks, incoming=False))
         self.src.start()
         await self.src.connect()
         self.src_agent = AgentLink("src", self.src.config.agent_path)
@@ -191,16 +214,19 @@ class Migration:
         await self._check_interrupt()
         self.progress.step(f"source booting, workload {o.workload.text}")
         await self._wait_ready()
+        if o.testbed:
+            await self._start_probes()
         self.resolved = await self._resolve_settings()
-        self.dst = VM(self._vm_config("dst", disks, incoming=True))
+        self.dst = VM(self._vm_config("dst", dst_disks, incoming=True))
         self.dst.start()
         await self.dst.connect()
         self.dst_agent = AgentLink("dst", self.dst.config.agent_path)
         await self.dst_agent.connect()
         await self._apply_settings()
         await self._make_controller()
-        port = _free_port()
-        await self.dst.cmd("migrate-incoming", uri=f"tcp:127.0.0.1:{port}")
+        host = topology.MIG_ADDR["dst"] if o.testbed else "127.0.0.1"
+        uri = f"tcp:{host}:{_free_port()}"
+        await self.dst.cmd("migrate-incoming", uri=uri)
 
         self._to(Phase.WARMUP)
         warm = float(self.resolved.livemig["warmup"])
@@ -211,8 +237,12 @@ class Migration:
         self.src.sample_threads()
         self.cpu["source_before"] = self.src.cpu_seconds()
         self.t_migrate = time.time()
-        await self.src.cmd("migrate", uri=f"tcp:127.0.0.1:{port}")
-        self.progress.step("migration started")
+        if o.storage == "copy":
+            await self._copy_disk_first()
+        self.t_ram = time.time()
+        await self.src.cmd("migrate", uri=uri)
+        self.progress.step("migration started" if self.disk is None
+                           else "disk in sync; RAM migration started")
         status = await self._monitor()
         if status == "completed":
             await self._switchover()
@@ -222,17 +252,93 @@ class Migration:
             raise VMError(f"migration {status}: {self.final_stats.get('error-desc', '?')}")
 
     # -- steps ------------------------------------------------------------------------
-    def _make_disks(self) -> list[Disk]:
+    def _make_disks(self) -> tuple[list[Disk], list[Disk]]:
+        """Shared storage: one image both hosts open. Copy: one image per host, the
+        destination's empty until the mirror fills it."""
         w = self.opts.workload
         if not (w.disk or (w.verify and w.verify.disk)):
-            return []
+            return [], []
         need = max([d.size or 0 for d in w.disk] + [w.verify.disk if w.verify else 0])
         size = max(self.opts.disk_size, need)
-        img = self.run_dir / "disk0.raw"
-        with open(img, "wb") as f:
-            f.truncate(size)
-        self.event("disk created", path=str(img), size=size)
-        return [Disk(img)]
+        names = ["disk0.raw"] if self.opts.storage == "shared" else [
+            "src-disk0.raw", "dst-disk0.raw"]
+        for name in names:
+            img = self.run_dir / name
+            with open(img, "wb") as f:
+                f.truncate(size)
+            self._images.append(img)
+            self.event("disk created", path=str(img), size=size)
+        src = [Disk(self._images[0])]
+        return src, [Disk(self._images[-1])]
+
+    def _testbed_up(self) -> None:
+        """Take the testbed for this run; create it (and later remove it) if needed."""
+        o = self.opts
+        self._testbed.enter_context(topology.locked())
+        if topology.is_up():
+            topology.set_link(o.link)
+        else:
+            self.progress.step("creating the testbed hosts (network namespaces)")
+            topology.up(o.link, owner=f"run {self.id}")
+            self._testbed_created = True
+        rate = "unshaped" if o.link is None else f"{o.link / 1e6:g} Mbit/s"
+        self.event("testbed", link_bits=o.link, created=self._testbed_created)
+        self.progress.step(f"hosts {topology.HOSTS['src']} -> {topology.HOSTS['dst']}, "
+                           f"migration link {rate}, storage {o.storage}")
+
+    async def _start_probes(self) -> None:
+        """The client starts probing the guest; it must answer before we migrate."""
+        self.prober = Prober()
+        self.prober.start()
+        deadline = time.monotonic() + 15
+        while not self.prober.stats.replies:
+            await self._check_interrupt()
+            if time.monotonic() > deadline:
+                raise VMError(f"the guest does not answer the client's probes at "
+                              f"{topology.GUEST_IP} (console: {self.src.config.console_path})"
+                              if self.src else "no guest")
+            await asyncio.sleep(0.05)
+        self.progress.step(f"client probes the guest at {topology.GUEST_IP} every "
+                           f"{self.prober.interval * 1000:.0f} ms")
+
+    async def _copy_disk_first(self) -> None:
+        """Mirror the disk to the destination; RAM waits until the copy is in sync."""
+        assert self.src is not None and self.dst is not None
+        lm = self.resolved.livemig
+        self.disk = DiskMirror(self.src.cmd, self.dst.cmd, topology.MIG_ADDR["dst"], "disk0",
+                               int(lm["disk-granularity"]), int(lm["disk-speed"]),
+                               str(lm["disk-copy-mode"]))
+        await self.disk.start()
+        self.event("disk mirror started", granularity=self.disk.granularity,
+                   speed=self.disk.speed, copy_mode=self.disk.copy_mode)
+        self.progress.step(f"copying the disk first (granularity "
+                           f"{self.disk.granularity >> 10}K, mode {self.disk.copy_mode})")
+        last_report = 0.0
+        while True:
+            job = await self.disk.poll()
+            assert job is not None
+            now = time.time()
+            if job.get("ready"):
+                self.event("disk mirror ready", offset=job["offset"], len=job["len"])
+                return
+            if now - last_report >= 1.0:
+                last_report = now
+                self.progress.step(f"disk: {job['offset'] >> 20} of {job['len'] >> 20} MiB "
+                                   "copied")
+            await self._check_interrupt()
+            if self.opts.max_time and now - (self.t_migrate or now) > self.opts.max_time:
+                raise Interrupted(f"disk copy not done within --max-time {self.opts.max_time:g}s")
+            if not self.dst.alive():
+                raise VMError(f"destination QEMU died: {self.dst.log_tail()}")
+            await asyncio.sleep(0.1)
+
+    async def _disk_switchover(self) -> None:
+        """QEMU paused at pre-switchover: finish the mirror, then let RAM complete."""
+        assert self.src is not None and self.src.qmp is not None and self.disk is not None
+        self.progress.step("guest frozen: finishing the disk mirror before the switchover")
+        await self.disk.finish(self.src.qmp)
+        self.event("disk mirror finished", **self.disk.stats.as_report())
+        await self.src.cmd("migrate-continue", state="pre-switchover")
 
     def _vm_config(self, name: str, disks: list[Disk], incoming: bool) -> VMConfig:
         o = self.opts
@@ -241,11 +347,19 @@ class Migration:
             mem_path.unlink()
         self._mem_files.append(mem_path)
         append = f"console=ttyS0 quiet livemig.workload={o.workload.text}"
+        prefix: list[str] = []
+        extra: list[str] = []
+        if o.testbed:
+            prefix = netns.exec_prefix(topology.HOSTS[name])
+            extra = ["-netdev", f"tap,id=net0,ifname={topology.TAP},script=no,downscript=no",
+                     "-device", f"virtio-net-pci,netdev=net0,mac={topology.GUEST_MAC},romfile="]
+            append += f" livemig.ip={topology.GUEST_IP}/{topology.GUEST_PREFIX}"
         return VMConfig(
             name=name, run_id=self.id, qemu=o.qemu, memory=o.memory, vcpus=o.vcpus, accel=o.accel,
             kernel=paths.guest_kernel(), initrd=paths.guest_initrd(), append=append,
             run_dir=self.run_dir, mem_path=mem_path, incoming=incoming,
             start_paused=incoming and o.verify, disks=disks,
+            exec_prefix=prefix, extra_args=extra,
         )
 
     async def _wait_ready(self) -> None:
@@ -279,6 +393,9 @@ class Migration:
         r = self.resolved
         # 'events' makes QEMU emit MIGRATION events: their timestamps time the switchover
         caps = {"events": True, **r.capabilities}
+        if self.opts.storage == "copy":
+            # stop at pre-switchover, so the disk mirror finishes with the guest frozen
+            caps["pause-before-switchover"] = True
         for vm in (self.src, self.dst):
             assert vm is not None
             await vm.cmd("migrate-set-capabilities", capabilities=[
@@ -325,6 +442,12 @@ class Migration:
                 if cancelled_for and status == "cancelled":
                     self.result.reason = cancelled_for
                 return str(status)
+            if status == "pre-switchover" and self.disk is not None and self.disk.active \
+                    and not cancelled_for:
+                await self._disk_switchover()
+                continue
+            if self.disk is not None and self.disk.active:
+                self._disk_job = await self.disk.poll()
             policy_abort = await self._control(now, info)
             if cancelled_for is None:
                 if policy_abort:
@@ -360,6 +483,9 @@ class Migration:
             "expected_downtime_ms": info.get("expected-downtime"),
             "guest_rate": self._guest_rate(),
         }
+        job = self._disk_job if self.disk is not None and self.disk.active else None
+        if job is not None:
+            sample["disk_remaining"] = int(job["len"]) - int(job["offset"])
         if sample["guest_rate"] is not None and self._baseline():
             sample["guest_rate_pct"] = 100.0 * sample["guest_rate"] / self._baseline()
         if bandwidth and remaining is not None:
@@ -388,6 +514,8 @@ class Migration:
         self._to(Phase.SWITCHED)
         self.cpu["source"] = _delta(self.src.cpu_seconds(), self.cpu.get("source_before"))
         self.t_dst_done = await self._wait_destination_done()
+        if self.disk is not None:
+            await self.disk.stop_export()
         if self.opts.verify:
             self._to(Phase.VERIFYING)
             for fault in self.opts.faults:
@@ -397,11 +525,19 @@ class Migration:
             self.ram_check = await asyncio.to_thread(
                 compare_ram, src_file, dst_file, self.opts.memory)
             self.event("ram compared", **self.ram_check.as_dict())
+            if self.disk is not None:
+                self.progress.step("comparing the disk images: source vs destination")
+                self.disk_check = await asyncio.to_thread(
+                    compare_images, self._images[0], self._images[-1])
+                self.event("disk compared", **self.disk_check.as_dict())
             await self.dst.cmd("cont")
             self.t_cont = time.time()
         self.result = Outcome("completed")
         self._to(Phase.SETTLING)
+        taps_before = self._tap_counters()
+        t_settle = time.time()
         await self._sleep(float(self.resolved.livemig["settle"]), interruptible=False)
+        self._who_answers(taps_before, t_settle)
         self.cpu["destination"] = self.dst.cpu_seconds()
         status = await self.dst.cmd("query-status")
         self.event("destination after", status=status.get("status"))
@@ -431,9 +567,40 @@ class Migration:
                 raise VMError(f"destination QEMU died: {self.dst.log_tail()}")
         raise VMError("destination did not finish loading within 60s")
 
+    def _tap_counters(self) -> dict[str, dict[str, int]] | None:
+        if not self.opts.testbed:
+            return None
+        return {side: topology.tap_counters(side) for side in ("src", "dst")}
+
+    def _who_answers(self, before: dict[str, dict[str, int]] | None, since: float) -> None:
+        """After the switchover, which host's tap carried the guest's replies?"""
+        after = self._tap_counters()
+        if before is None or after is None or self.prober is None:
+            return
+        replies = self.prober.stats.replies_between(since, time.time())
+        src_tx = after["src"]["rx_packets"] - before["src"]["rx_packets"]
+        dst_tx = after["dst"]["rx_packets"] - before["dst"]["rx_packets"]
+        answered = "nobody"
+        if replies and dst_tx >= replies and src_tx == 0:
+            answered = "destination"
+        elif replies and src_tx > 0:
+            answered = "source"
+        self.network["after_switchover"] = {
+            "answered_by": answered, "replies": replies,
+            "packets_from_guest_on_dst_tap": dst_tx, "packets_from_guest_on_src_tap": src_tx,
+        }
+        self.event("network after switchover", **self.network["after_switchover"])
+
     def _inject(self, fault: Fault) -> None:
         assert self.dst is not None
-        if fault.kind == "ram-byte":
+        if fault.kind == "disk-byte":
+            if self.disk is None:
+                raise UsageError("disk-byte faults need --storage copy and a disk workload")
+            corrupt_block(self._images[-1], fault.address)
+            self.event("fault injected", kind=fault.kind, offset=f"{fault.address:#x}")
+            self.progress.step(f"FAULT INJECTED: flipped a byte of the destination image at "
+                               f"{fault.address:#x}")
+        elif fault.kind == "ram-byte":
             corrupt_byte(self.dst.config.mem_path, fault.address, self.opts.memory)
             self.event("fault injected", kind=fault.kind, address=f"{fault.address:#x}")
             self.progress.step(f"FAULT INJECTED: flipped a byte of destination RAM at "
@@ -463,6 +630,8 @@ class Migration:
             return
         with contextlib.suppress(LivemigError):
             info = await self.src.cmd("query-migrate")
+            if self.disk is not None:
+                await self.disk.abandon()
             if info.get("status") not in (*TERMINAL, None):
                 await self.src.cmd("migrate_cancel")
                 await self._wait_source_terminal()
@@ -516,6 +685,11 @@ class Migration:
 
     async def _cleanup(self) -> None:
         self.progress.close()
+        if self.prober is not None:
+            self.prober.stop()
+            self.network.update(self.prober.summary(
+                self.t_migrate or self.prober.started or time.time(),
+                self.t_end or time.time(), self._hold()))
         for agent in (self.src_agent, self.dst_agent):
             if agent is not None:
                 await agent.close()
@@ -526,11 +700,19 @@ class Migration:
         for f in self._mem_files:
             with contextlib.suppress(FileNotFoundError):
                 f.unlink()
-        disk = self.run_dir / "disk0.raw"
-        with contextlib.suppress(FileNotFoundError):
-            disk.unlink()
+        for img in self._images:
+            with contextlib.suppress(FileNotFoundError):
+                img.unlink()
+        if self._testbed_created:
+            topology.down(quiet=True)
+        self._testbed.close()
         if self.result.outcome == "completed" and not self.opts.keep_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _hold(self) -> tuple[float, float] | None:
+        if self.t_cont is not None and self.t_dst_done is not None:
+            return (self.t_dst_done, self.t_cont)
+        return None
 
     # -- results ----------------------------------------------------------------------
     def pause(self) -> dict[str, float | None]:

@@ -31,6 +31,8 @@ def build_report(m: Migration) -> dict[str, Any]:
     ram = stats.get("ram", {})
     completed = m.result.outcome == "completed"
     total = stats.get("total-time")
+    if total is not None and m.t_ram is not None and m.t_migrate is not None:
+        total += (m.t_ram - m.t_migrate) * 1000.0  # the disk copy ran first
     if total is None and m.t_migrate is not None:
         total = ((m.t_end or m.t_migrate) - m.t_migrate) * 1000.0
     rates = m._all_rates()
@@ -46,6 +48,13 @@ def build_report(m: Migration) -> dict[str, Any]:
     elif completed and not o.verify:
         ram_check = {"result": "skipped", "why": "--no-verify"}
     guest_errors = [e for a in (m.src_agent, m.dst_agent) if a for e in a.verify_errors]
+    disk: dict[str, Any] = {"disk_transferred_bytes": 0, "disk_dirty_amplification": None}
+    if m.disk is not None:
+        disk = m.disk.stats.as_report()
+    disk_check: dict[str, Any] = {"result": "skipped", "why": f"storage {o.storage}"}
+    if m.disk_check is not None:
+        disk_check = m.disk_check.as_dict()
+    net = dict(m.network)
     report: dict[str, Any] = {
         "livemig_version": __version__,
         "run_id": m.id,
@@ -58,7 +67,10 @@ def build_report(m: Migration) -> dict[str, Any]:
         **m.pause(),
         "ram_transferred_bytes": ram.get("transferred"),
         "ram_total_bytes": ram.get("total"),
-        "disk_transferred_bytes": 0,
+        **disk,
+        "network_pause_ms": net.get("network_pause_ms"),
+        "probes_lost": net.get("probes_lost"),
+        "network": net,
         "rounds": ram.get("dirty-sync-count"),
         "cpu_seconds": {
             "source": m.cpu.get("source"),
@@ -69,7 +81,8 @@ def build_report(m: Migration) -> dict[str, Any]:
         "consistency": {
             "ram": ram_check["result"],
             "ram_detail": ram_check,
-            "disk": "skipped",
+            "disk": disk_check["result"],
+            "disk_detail": disk_check,
             "guest": "mismatch" if guest_errors else (
                 "ok" if o.workload.verify else "skipped"),
             "guest_errors": guest_errors[:16],
@@ -83,8 +96,11 @@ def build_report(m: Migration) -> dict[str, Any]:
             **m.resolved.as_dict(),
             "memory": o.memory, "vcpus": o.vcpus, "bandwidth": o.bandwidth,
             "max_time": o.max_time, "qemu": str(o.qemu), "accel": o.accel,
+            "testbed": o.testbed, "link_bits": o.link if o.testbed else None,
+            "storage": o.storage,
             "accel_reason": o.accel_reason, "verify": o.verify,
             "faults": [{"kind": f.kind, "address": f"{f.address:#x}"} for f in o.faults],
+            "total_time_includes_disk_copy": m.disk is not None,
         },
     }
     return report
@@ -120,8 +136,20 @@ def summary(r: dict[str, Any]) -> str:
         f"consistency      RAM {cons['ram']}"
         + (f" at {', '.join(cons['ram_detail']['first_mismatches'])}"
            if cons["ram"] == "mismatch" else "")
-        + f", disk {cons['disk']}, guest checker {cons['guest']}",
+        + f", disk {cons['disk']}"
+        + (f" at {', '.join(cons['disk_detail']['first_mismatches'])}"
+           if cons["disk"] == "mismatch" else "")
+        + f", guest checker {cons['guest']}",
     ]
+    if r.get("network", {}).get("probes_sent"):
+        n = r["network"]
+        who = n.get("after_switchover", {}).get("answered_by")
+        lines.insert(4, f"network pause    {_f(r['network_pause_ms'], ' ms')}, "
+                        f"{r['probes_lost']} of {n['probes_sent']} probes lost"
+                        + (f", answered by the {who} afterwards" if who else ""))
+    if r.get("disk_transferred_bytes"):
+        lines.insert(6, f"disk sent        {fmt_bytes(r['disk_transferred_bytes'])}, "
+                        f"dirty amplification {_f(r['disk_dirty_amplification'], 'x')}")
     if r.get("source_after"):
         sa = r["source_after"]
         lines.append(f"source after     {sa.get('status')}, workload "

@@ -41,6 +41,17 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return conv
 
 
+def _granularity(value: str) -> int:
+    g = parse_size(value, "disk-granularity")
+    if g < 512 or g > 64 << 20 or g & (g - 1):
+        raise ValueError(value)
+    return g
+
+
+def _bytes(value: str) -> int:
+    return parse_size(value, "size")
+
+
 LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
     "warmup": LivemigSetting(3.0, float, "seconds of workload measured before migrating"),
     "settle": LivemigSetting(2.0, float, "seconds the guest is observed after the end"),
@@ -53,6 +64,12 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
     "max-downtime": LivemigSetting(1000, int, "ceiling of the downtime ramp, ms"),
     "on-stall": LivemigSetting("force", _choice("force", "abort", "postcopy"),
                                "force|abort|postcopy when the strategy is exhausted"),
+    "disk-granularity": LivemigSetting(
+        64 << 10, _granularity, "dirty-bitmap granularity of the disk mirror (--storage "
+        "copy): a power of two, 512 to 64M"),
+    "disk-speed": LivemigSetting(0, _bytes, "disk mirror speed cap, bytes/s (0: none)"),
+    "disk-copy-mode": LivemigSetting("background", _choice("background", "write-blocking"),
+                                     "background|write-blocking (mirror copy mode)"),
 }
 
 # Stock QEMU only: these are the baselines livemig is judged against.

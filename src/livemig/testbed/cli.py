@@ -1,0 +1,92 @@
+"""``livemig testbed up|down|status|measure``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from livemig.migration import ensure_root
+from livemig.testbed import linkrate, topology
+from livemig.units import parse_link_rate
+
+
+def register(sub: Any) -> None:
+    t = sub.add_parser("testbed", help="the src/dst/client hosts (network namespaces)",
+                       description="Hosts as network namespaces: src and dst joined by a "
+                       "shaped migration link, and a client on the guests' L2 network. "
+                       "'livemig migrate' brings it up by itself when needed.")
+    tsub = t.add_subparsers(dest="testbed_command", metavar="ACTION", required=True)
+    u = tsub.add_parser("up", help="create the hosts (or reshape the link of a running one)")
+    u.add_argument("--link", default=topology.DEFAULT_LINK,
+                   help="migration link rate: 100mbit, 1gbit, 10gbit or none "
+                        f"(default {topology.DEFAULT_LINK})")
+    u.set_defaults(func=_up)
+    d = tsub.add_parser("down", help="remove the hosts and everything in them "
+                        "(also repairs what a crashed run left)")
+    d.set_defaults(func=_down)
+    s = tsub.add_parser("status", help="what exists now")
+    s.add_argument("--json", action="store_true", help="machine-readable")
+    s.set_defaults(func=_status)
+    m = tsub.add_parser("measure", help="measure the link rate with a bulk TCP transfer")
+    m.add_argument("--seconds", type=float, default=2.0, help="transfer time (default 2)")
+    m.set_defaults(func=_measure)
+
+
+def _up(a: argparse.Namespace) -> int:
+    ensure_root()
+    link = parse_link_rate(a.link)
+    with topology.locked():
+        if topology.is_up():
+            topology.set_link(link)
+            state = topology.read_state()
+            state["link_bits"] = link
+            topology.state_file().write_text(json.dumps(state))
+            print(f"testbed already up; link now {a.link}")
+        else:
+            topology.up(link, owner="testbed up")
+            print(f"testbed up: hosts {', '.join(topology.HOSTS.values())}, link {a.link}")
+    return 0
+
+
+def _down(a: argparse.Namespace) -> int:
+    ensure_root()
+    removed = topology.down(quiet=True)
+    print("removed " + ", ".join(removed) if removed else "nothing to remove")
+    return 0
+
+
+def _status(a: argparse.Namespace) -> int:
+    st = topology.status()
+    if a.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    if not topology.any_left():
+        print("testbed down")
+        return 0
+    bits = st.get("link_bits")
+    print(f"testbed {'up' if st['up'] else 'PARTIAL (run: livemig testbed down)'}, "
+          f"link {'unshaped' if bits is None else f'{bits / 1e6:g} Mbit/s'}, "
+          f"owner {st.get('owner', '?')}")
+    for name, h in st["hosts"].items():
+        if h is None:
+            print(f"  {name:7} missing")
+        else:
+            print(f"  {name:7} {h['namespace']}: {h['processes']} processes, links "
+                  f"{', '.join(h['links'])}" + (f"; {h['qdisc']}" if h["qdisc"] else ""))
+    return 0
+
+
+def _measure(a: argparse.Namespace) -> int:
+    ensure_root()
+    if not topology.is_up():
+        print("livemig: error: the testbed is down (livemig testbed up)")
+        return 2
+    with topology.locked():
+        rate = linkrate.measure(a.seconds)
+    bits = topology.read_state().get("link_bits")
+    line = f"link carried {rate * 8 / 1e6:.1f} Mbit/s ({rate / 2**20:.1f} MiB/s)"
+    if bits:
+        line += f", {100 * rate * 8 / bits:.0f}% of the configured {bits / 1e6:g} Mbit/s"
+    print(line)
+    return 0

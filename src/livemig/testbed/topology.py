@@ -1,0 +1,207 @@
+"""The testbed's hosts and wires, created and removed as one unit.
+
+::
+
+      lm-src                      lm-dst
+   ┌──────────────┐   mig0     ┌──────────────┐
+   │ QEMU src     │◀──────────▶│ QEMU dst     │   migration link: veth, tbf both ways
+   │  tap0─br0─up0│  10.77.0/24│up0─br0─tap0  │
+   └──────────┬───┘            └───┬──────────┘
+              │      lm-client     │
+              └──to-src─br0─to-dst─┘             guest network: one L2 segment
+                   10.78.0.100                   guest 10.78.0.10
+
+Everything lives inside the three namespaces, so deleting them removes every link,
+bridge, tap and qdisc; nothing outside is touched. A lock file makes one testbed
+user at a time; a state file remembers who made it and at what link rate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from livemig import paths
+from livemig.errors import SetupError
+from livemig.testbed import netns
+
+HOSTS = {"src": "lm-src", "dst": "lm-dst", "client": "lm-client"}
+MIG_ADDR = {"src": "10.77.0.1", "dst": "10.77.0.2"}
+MIG_PREFIX = 24
+GUEST_IP = "10.78.0.10"
+CLIENT_IP = "10.78.0.100"
+GUEST_PREFIX = 24
+GUEST_MAC = "52:54:00:4c:4d:0a"
+TAP = "tap0"
+MIG_IF = "mig0"
+DEFAULT_LINK = "1gbit"
+
+
+def state_file() -> Path:
+    return paths.run_root() / "testbed.json"
+
+
+def lock_file() -> Path:
+    return paths.run_root() / "testbed.lock"
+
+
+@dataclass(frozen=True)
+class LinkShape:
+    rate_bits: int | None  # None = unshaped
+
+    def tbf_args(self) -> list[str]:
+        assert self.rate_bits is not None
+        rate_bytes = self.rate_bits // 8
+        # veth hands tbf GSO packets up to 64 KiB: the bucket must hold several, and
+        # ~4 ms of traffic so that the timer granularity does not cap the rate.
+        burst = max(rate_bytes // 250, 256 << 10)
+        return ["tbf", "rate", f"{self.rate_bits}bit", "burst", str(burst),
+                "latency", "50ms"]
+
+
+def is_up() -> bool:
+    return all(netns.exists(ns) for ns in HOSTS.values())
+
+
+def any_left() -> bool:
+    return any(netns.exists(ns) for ns in HOSTS.values())
+
+
+def read_state() -> dict[str, Any]:
+    try:
+        return dict(json.loads(state_file().read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def up(link: int | None, owner: str) -> None:
+    """Create the three hosts and their wires (repairing leftovers first)."""
+    if any_left():
+        down(quiet=True)
+    state_file().parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _create(link)
+    except BaseException:
+        down(quiet=True)
+        raise
+    state_file().write_text(json.dumps({"link_bits": link, "owner": owner,
+                                        "created": time.time()}))
+
+
+def _create(link: int | None) -> None:
+    run = netns.run
+    for ns in HOSTS.values():
+        run("ip", "netns", "add", ns)
+        run("ip", "link", "set", "lo", "up", ns=ns)
+    src, dst, cli = HOSTS["src"], HOSTS["dst"], HOSTS["client"]
+    # migration link
+    run("ip", "link", "add", MIG_IF, "netns", src, "type", "veth",
+        "peer", "name", MIG_IF, "netns", dst)
+    for side in ("src", "dst"):
+        ns = HOSTS[side]
+        run("ip", "addr", "add", f"{MIG_ADDR[side]}/{MIG_PREFIX}", "dev", MIG_IF, ns=ns)
+        run("ip", "link", "set", MIG_IF, "up", ns=ns)
+    set_link(link)
+    # guest network: a bridge per host, the client's bridge joins the other two
+    for ns in (src, dst, cli):
+        run("ip", "link", "add", "br0", "type", "bridge", "forward_delay", "0",
+            "stp_state", "0", ns=ns)
+        run("ip", "link", "set", "br0", "up", ns=ns)
+    for side in ("src", "dst"):
+        ns = HOSTS[side]
+        run("ip", "link", "add", "up0", "netns", ns, "type", "veth",
+            "peer", "name", f"to-{side}", "netns", cli)
+        run("ip", "link", "set", "up0", "master", "br0", "up", ns=ns)
+        run("ip", "link", "set", f"to-{side}", "master", "br0", "up", ns=cli)
+        run("ip", "tuntap", "add", "dev", TAP, "mode", "tap", ns=ns)
+        run("ip", "link", "set", TAP, "master", "br0", "up", ns=ns)
+    run("ip", "addr", "add", f"{CLIENT_IP}/{GUEST_PREFIX}", "dev", "br0", ns=cli)
+
+
+def set_link(link: int | None) -> None:
+    """Shape both directions of the migration link (None: unshaped)."""
+    for side in ("src", "dst"):
+        ns = HOSTS[side]
+        netns.run("tc", "qdisc", "del", "dev", MIG_IF, "root", ns=ns, check=False)
+        if link is not None:
+            netns.run("tc", "qdisc", "add", "dev", MIG_IF, "root",
+                      *LinkShape(link).tbf_args(), ns=ns)
+
+
+def down(quiet: bool = False) -> list[str]:
+    """Kill what runs in the hosts and delete them; return what was removed."""
+    removed: list[str] = []
+    for ns in HOSTS.values():
+        if not netns.exists(ns):
+            continue
+        pids = [int(p) for p in netns.run("ip", "netns", "pids", ns, check=False).split()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _wait_gone(pids)
+        netns.run("ip", "netns", "del", ns, check=False)
+        removed.append(ns + (f" ({len(pids)} processes killed)" if pids else ""))
+    with contextlib.suppress(FileNotFoundError):
+        state_file().unlink()
+    if not quiet:
+        for r in removed:
+            print(f"removed {r}")
+    return removed
+
+
+def _wait_gone(pids: list[int], timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < end and Path(f"/proc/{pid}").exists():
+            time.sleep(0.02)
+
+
+def status() -> dict[str, Any]:
+    st: dict[str, Any] = {"up": is_up(), **read_state(), "hosts": {}}
+    for name, ns in HOSTS.items():
+        if not netns.exists(ns):
+            st["hosts"][name] = None
+            continue
+        pids = netns.run("ip", "netns", "pids", ns, check=False).split()
+        links = netns.run("ip", "-br", "link", ns=ns, check=False).split("\n")
+        qdisc = ""
+        if name != "client":
+            qdisc = netns.run("tc", "qdisc", "show", "dev", MIG_IF, ns=ns, check=False).strip()
+        st["hosts"][name] = {"namespace": ns, "processes": len(pids),
+                             "links": [ln.split()[0] for ln in links if ln.strip()],
+                             "qdisc": qdisc}
+    return st
+
+
+@contextlib.contextmanager
+def locked() -> Iterator[None]:
+    """One user of the testbed at a time (a second one gets a clear error)."""
+    lock_file().parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_file(), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SetupError("the testbed is in use by another livemig run "
+                             f"(lock {lock_file()})") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def tap_counters(side: str) -> dict[str, int]:
+    """Packets through a host's tap: rx = sent by the guest, tx = sent to it."""
+    out: dict[str, int] = {}
+    for key in ("rx_packets", "tx_packets"):
+        text = netns.run("cat", f"/sys/class/net/{TAP}/statistics/{key}",
+                         ns=HOSTS[side], check=False).strip()
+        out[key] = int(text) if text.isdigit() else -1
+    return out
