@@ -151,9 +151,26 @@ def down(quiet: bool = False) -> list[str]:
         removed.append(ns + (f" ({len(pids)} processes killed)" if pids else ""))
     with contextlib.suppress(FileNotFoundError):
         state_file().unlink()
+    removed += _stale_ram_files()
     if not quiet:
         for r in removed:
             print(f"removed {r}")
+    return removed
+
+
+def _stale_ram_files() -> list[str]:
+    """Guest RAM files of runs whose QEMU is gone (a crashed or killed livemig)."""
+    cmdlines = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                cmdlines.append((proc / "cmdline").read_bytes())
+    removed = []
+    for f in paths.shm_root().glob("livemig-*.ram"):
+        if not any(str(f).encode() in c for c in cmdlines):
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+            removed.append(str(f))
     return removed
 
 

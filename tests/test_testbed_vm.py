@@ -1,0 +1,103 @@
+"""Migrations between the testbed's hosts: shaped link, client probes, disk copy."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import livemig_cmd, new_run_id, qemu_pids, run_migrate
+from livemig.testbed import topology
+
+pytestmark = pytest.mark.vm
+MEM = "512M"
+FAULTS = {"LIVEMIG_ALLOW_FAULT_INJECTION": "1"}
+
+
+def test_busy_vm_over_1gbit_shared_storage_network_follows(tmp_path):
+    r = run_migrate(tmp_path, "--memory", MEM, "--link", "1gbit",
+                    "--workload", "mem:size=160M,rate=48M,hot=80/10", "--profile", "livemig",
+                    "--max-time", "150")
+    rep = r.report
+    assert r.rc == 0, rep.get("reason")
+    assert rep["consistency"]["ram"] == "ok"
+    assert rep["settings"]["link_bits"] == 1_000_000_000
+    net = rep["network"]
+    assert rep["network_pause_ms"] is not None and 0 < rep["network_pause_ms"] < 5000
+    assert net["probes_sent"] > 100 and rep["probes_lost"] < net["probes_sent"]
+    # after the switchover the replies come through the destination host's tap
+    assert net["after_switchover"]["answered_by"] == "destination", net
+    assert net["after_switchover"]["packets_from_guest_on_src_tap"] == 0
+
+
+def test_cross_storage_copy_with_disk_workload(tmp_path):
+    r = run_migrate(tmp_path, "--memory", MEM, "--storage", "copy", "--disk-size", "128M",
+                    "--workload", "mem:size=128M,rate=32M,hot=80/10+disk:bs=8K,rate=2M",
+                    "--set", "disk-granularity=64K", "--max-time", "150")
+    rep = r.report
+    assert r.rc == 0, rep.get("reason")
+    assert rep["consistency"]["ram"] == "ok"
+    assert rep["consistency"]["disk"] == "ok"
+    assert rep["consistency"]["disk_detail"]["blocks_compared"] == (128 << 20) // 4096
+    assert rep["disk_transferred_bytes"] >= 128 << 20
+    assert rep["disk_dirty_amplification"] is not None
+    assert rep["disk_dirty_amplification"] > 1.0  # 8K writes, 64K bitmap granularity
+    assert any(e["event"] == "disk mirror ready" for e in rep["events"])
+
+
+def test_corrupted_destination_disk_block_is_named(tmp_path):
+    offset = 0x345678
+    r = run_migrate(tmp_path, "--memory", MEM, "--storage", "copy", "--disk-size", "64M",
+                    "--workload", "idle+disk:bs=4K,rate=1M", "--set", "warmup=1",
+                    "--inject-fault", f"disk-byte@{offset:#x}", "--max-time", "150",
+                    env=FAULTS)
+    rep = r.report
+    assert r.rc == 4, rep.get("reason")
+    assert rep["consistency"]["ram"] == "ok"
+    assert rep["consistency"]["disk"] == "mismatch"
+    detail = rep["consistency"]["disk_detail"]
+    assert detail["mismatched_blocks"] == 1
+    assert detail["first_mismatches"] == [f"{offset & ~0xFFF:#x}"]
+
+
+def test_killed_run_is_repaired_by_testbed_down(tmp_path):
+    rid = new_run_id()
+    proc = subprocess.Popen(
+        livemig_cmd("migrate", "--accel", "tcg", "--memory", MEM, "--run-id", rid,
+                    "--workload", "mem:size=256M,rate=0", "--bandwidth", "8M",
+                    "--profile", "defaults", "--max-time", "300", "--set", "warmup=1"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        seen = ""
+        while "migration started" not in seen:
+            assert time.monotonic() < deadline and proc.poll() is None, seen[-2000:]
+            seen += proc.stderr.readline()
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert topology.any_left()  # the killed run could not clean up
+    down = subprocess.run(livemig_cmd("testbed", "down"), capture_output=True, text=True,
+                          timeout=60)
+    assert down.returncode == 0, down.stderr
+    time.sleep(0.5)
+    assert not topology.any_left()
+    assert qemu_pids(rid) == []
+    assert not list(topology.paths.shm_root().glob(f"livemig-{rid}-*"))
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "lm-" not in ns
+    # and a new run works
+    r = run_migrate(tmp_path, "--memory", MEM, "--workload", "idle", "--set", "warmup=1")
+    assert r.rc == 0, r.report.get("reason")
+
+
+def test_storage_copy_needs_a_disk_workload():
+    p = subprocess.run(livemig_cmd("migrate", "--storage", "copy", "--workload", "idle"),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert "needs a workload with a disk" in p.stderr and "Traceback" not in p.stderr
