@@ -16,6 +16,7 @@ from livemig import __version__
 from livemig.accel import choose_accel
 from livemig.errors import FaultInjectionRefused, LivemigError, UsageError
 from livemig.migration import FAULT_KINDS, Fault, MigrateOptions, Migration, ensure_root
+from livemig.paths import default_qemu
 from livemig.progress import Progress
 from livemig.report import build_report, summary, write_report
 from livemig.settings import LIVEMIG_SETTINGS, PROFILES, merge, parse_sets
@@ -69,8 +70,9 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--disk-size", default="256M", help="guest disk size when the "
                    "workload writes to disk (default 256M)")
     m.add_argument("--inject-fault", action="append", default=[], metavar="KIND@ADDR",
-                   help=f"debug: corrupt the destination before the comparison "
-                        f"(ram-byte@0xGUESTADDR or disk-byte@OFFSET); needs "
+                   help=f"debug: corrupt the destination before the comparison: "
+                        f"ram-byte@0xGUESTADDR, disk-byte@OFFSET, ram-stamped@N or "
+                        f"disk-stamped@N (a block the guest checker owns); needs "
                         f"{FAULT_ENV}=1")
     m.add_argument("--keep-run-dir", action="store_true", help="keep logs of a good run")
     m.add_argument("--run-id", help="name of this run (default: random); QEMU processes "
@@ -85,6 +87,28 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--qemu", type=Path, help="QEMU binary (default build/qemu/...)")
     b.add_argument("--accel", default="auto", help="auto|kvm|tcg")
     b.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+
+    v = sub.add_parser("verify", help="migrate one guest back and forth under its "
+                       "consistency checker, cycling feature combinations",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description=_VERIFY_DOC)
+    v.add_argument("--rounds", type=int, default=11, help="migrations (default 11: each "
+                   "combination once); a soak: --rounds 100")
+    v.add_argument("--combinations", help="comma-separated subset, in the order to "
+                   "cycle through (default: all; see 'livemig verify --list')")
+    v.add_argument("--list", action="store_true", help="list the combinations and exit")
+    v.add_argument("--memory", default="512M", help="guest RAM (default 512M)")
+    v.add_argument("--workload", help="workload spec; must include verify:... "
+                   "(default: the checker on 64M of RAM and 32M of disk, plus a memory "
+                   "and a disk writer)")
+    v.add_argument("--inject", metavar="KIND", help="corrupt every migration's "
+                   "destination on purpose: ram-stamped or disk-stamped (needs "
+                   f"{FAULT_ENV}=1)")
+    v.add_argument("--max-time", type=float, default=180.0,
+                   help="per migration, seconds (default 180)")
+    v.add_argument("--report", type=Path, help="write the JSON summary here")
+    v.add_argument("--qemu", type=Path, help="QEMU binary (default build/qemu/...)")
+    v.add_argument("--accel", default="auto", help="auto|kvm|tcg")
 
     s = sub.add_parser("settings", help="list profiles and livemig settings")
     s.add_argument("--profile", choices=list(PROFILES))
@@ -109,6 +133,18 @@ exit status: 0 completed and consistent, 1 failed, 2 bad usage, 3 aborted
 mismatch."""
 
 
+_VERIFY_DOC = """\
+Boot one guest running the stamp-and-verify checker and a dirtying workload on the
+testbed's src host, then migrate it src -> dst -> src ... --rounds times, each time
+with the next feature combination (plain, multifd 2/4, zstd, lz4, lz4 with bypass,
+hot-page deferral, direct throttle, cross-storage copy, with and without the shaped
+link). Every migration also compares RAM (and the disk when copied) exactly.
+
+exit status: 0 every migration completed with no mismatch (and, with --inject, every
+fault detected), 1 a migration failed, 2 bad usage, 4 a mismatch was found or an
+injected fault went undetected."""
+
+
 def _parse_faults(items: list[str]) -> list[Fault]:
     if not items:
         return []
@@ -120,8 +156,8 @@ def _parse_faults(items: list[str]) -> list[Fault]:
     for item in items:
         kind, sep, addr = item.partition("@")
         if kind not in FAULT_KINDS or not sep:
-            raise UsageError(f"bad --inject-fault {item!r}: expected ram-byte@0xADDRESS "
-                             "or disk-byte@OFFSET")
+            raise UsageError(f"bad --inject-fault {item!r}: expected KIND@NUMBER with "
+                             f"KIND one of {', '.join(FAULT_KINDS)}")
         try:
             faults.append(Fault(kind, int(addr, 0)))
         except ValueError:
@@ -217,6 +253,86 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(a: argparse.Namespace) -> int:
+    from livemig.verify import (
+        COMBINATIONS,
+        DEFAULT_WORKLOAD,
+        INJECT_KINDS,
+        PingPong,
+        VerifyOptions,
+    )
+
+    if a.list:
+        for name, c in COMBINATIONS.items():
+            sets = " ".join(f"{k}={v}" for k, v in c.sets.items()) or "(QEMU defaults)"
+            link = "unshaped" if c.link is None else f"{c.link / 1e9:g}gbit"
+            bw = f", bandwidth {c.bandwidth >> 20}M" if c.bandwidth else ""
+            print(f"{name:16} {sets}; link {link}, storage {c.storage}{bw}")
+        return 0
+    if a.rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    names = list(COMBINATIONS)
+    if a.combinations:
+        names = [n.strip() for n in a.combinations.split(",") if n.strip()]
+        bad = [n for n in names if n not in COMBINATIONS]
+        if bad or not names:
+            raise UsageError(f"unknown combination {', '.join(bad) or '(none)'}: choose "
+                             f"from {', '.join(COMBINATIONS)}")
+    workload = a.workload or DEFAULT_WORKLOAD
+    spec = parse_workload(workload)
+    if spec.verify is None:
+        raise UsageError("the verify workload must include verify:mem=...,disk=...")
+    if a.inject is not None:
+        if a.inject not in INJECT_KINDS:
+            raise UsageError(f"bad --inject {a.inject!r}: choose from "
+                             f"{', '.join(INJECT_KINDS)}")
+        if os.environ.get(FAULT_ENV) != "1":
+            raise FaultInjectionRefused(f"--inject corrupts the migrated guest on purpose; "
+                                        f"set {FAULT_ENV}=1 to allow it")
+        if a.inject == "disk-stamped" and not any(
+                COMBINATIONS[n].storage == "copy" for n in names):
+            raise UsageError("--inject disk-stamped needs a combination that copies the "
+                             "disk (storage-copy)")
+    memory = parse_size(a.memory, "--memory")
+    if a.report and a.report.is_dir():
+        raise UsageError(f"--report {a.report} is a directory")
+    ensure_root()
+    choice = choose_accel(a.accel)
+    opts = VerifyOptions(rounds=a.rounds, combinations=names, memory=memory,
+                         workload=workload, qemu=a.qemu or default_qemu(),
+                         accel=choice.name, accel_reason=choice.reason, inject=a.inject,
+                         max_time=a.max_time)
+    print(f"livemig verify: {a.rounds} migrations, accel {choice.name}, workload {workload}",
+          file=sys.stderr)
+    pp = PingPong(opts, lambda line: print(f"livemig: {line}", file=sys.stderr, flush=True))
+
+    async def go() -> dict[str, object]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, pp.interrupt)
+        return await pp.run()
+
+    result = asyncio.run(go())
+    if a.report:
+        write_report(result, a.report)
+    print(f"migrations       {result['migrations']} ({result['completed']} completed)")
+    for name, b in result["by_combination"].items():  # type: ignore[union-attr]
+        print(f"  {name:16} {b['migrations']} migrations, {b['completed']} completed, "
+              f"{b['mismatches']} mismatches")
+    print(f"mismatches       {result['mismatches']}")
+    if a.inject:
+        print(f"injected         {result['injected']} ({a.inject}); detected "
+              f"{result['detected']} (host named {result['detected_by_host']}, "
+              f"guest checker named {result['detected_by_guest']})")
+    if a.report:
+        print(f"report           {a.report}")
+    if result["completed"] != result["migrations"] or result["interrupted"]:
+        return 1
+    if result["mismatches"] or result["detected"] != result["injected"]:
+        return EXIT_MISMATCH
+    return 0
+
+
 def cmd_settings(a: argparse.Namespace) -> int:
     names = [a.profile] if a.profile else list(PROFILES)
     for name in names:
@@ -235,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(a.verbose, 2),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    handlers = {"migrate": cmd_migrate, "bench": cmd_bench, "settings": cmd_settings}
+    handlers = {"migrate": cmd_migrate, "bench": cmd_bench, "settings": cmd_settings,
+                "verify": cmd_verify}
     try:
         if a.command in handlers:
             return handlers[a.command](a)

@@ -12,8 +12,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from livemig.errors import LivemigError
-
 BLOCK = 4096
 CHUNK = 4 << 20
 MAX_REPORTED = 16
@@ -61,16 +59,3 @@ def compare_images(src: Path, dst: Path) -> DiskComparison:
     res.seconds = time.monotonic() - t0
     return res
 
-
-def corrupt_block(path: Path, offset: int) -> None:
-    """Fault injection: flip one byte of a disk image."""
-    with open(path, "r+b") as f:
-        size = os.fstat(f.fileno()).st_size
-        if not 0 <= offset < size:
-            raise LivemigError(f"disk offset {offset:#x} is beyond the image ({size} bytes)")
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0xFF]))
-        f.flush()
-        os.fsync(f.fileno())

@@ -27,14 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from livemig import metrics, paths
+from livemig import faults, metrics, paths
 from livemig.agent import AgentLink
 from livemig.control import Controller
-from livemig.diskcheck import DiskComparison, compare_images, corrupt_block
+from livemig.diskcheck import DiskComparison, compare_images
 from livemig.errors import LivemigError, UsageError, VMError
+from livemig.faults import Fault
 from livemig.policy.base import Snapshot
 from livemig.progress import Progress
-from livemig.ramcheck import RamComparison, compare_ram, corrupt_byte
+from livemig.ramcheck import RamComparison, compare_ram, gpa_to_offset
 from livemig.settings import Resolved, resolve
 from livemig.spec import Workload
 from livemig.storage import DiskMirror
@@ -76,15 +77,7 @@ _NEXT: dict[Phase, set[Phase]] = {
 }
 
 
-@dataclass(frozen=True)
-class Fault:
-    """A deliberate corruption, for proving that verification can fail."""
-
-    kind: str  # "ram-byte" (guest-physical address) | "disk-byte" (image offset)
-    address: int
-
-
-FAULT_KINDS = ("ram-byte", "disk-byte")
+FAULT_KINDS = faults.KINDS
 
 
 @dataclass
@@ -107,6 +100,24 @@ class MigrateOptions:
     testbed: bool = True  # False: both QEMUs on this host, loopback (--link local)
     link: int | None = 1_000_000_000  # bits/s of the shaped migration link; None: unshaped
     storage: str = "shared"  # shared | copy
+    # ping-pong (livemig verify): which testbed hosts, an already running source to
+    # migrate instead of booting one, and whether to hand the destination over
+    src_host: str = "src"
+    dst_host: str = "dst"
+    source: Running | None = None
+    keep_destination: bool = False
+    images: tuple[Path, Path] | None = None  # disk images owned by the caller
+    testbed_held: bool = False  # the caller holds the testbed lock
+
+
+@dataclass
+class Running:
+    """A guest that runs on, handed from one migration to the next."""
+
+    vm: VM
+    agent: AgentLink
+    host: str
+    image: Path | None
 
 
 @dataclass
@@ -157,7 +168,10 @@ class Migration:
         self.disk_check: DiskComparison | None = None
         self._testbed = contextlib.ExitStack()
         self._testbed_created = False
-        self._images: list[Path] = []
+        self._images: list[Path] = []  # created by this run, removed at its end
+        self._src_image: Path | None = None
+        self._dst_image: Path | None = None
+        self.injected: list[dict[str, Any]] = []
 
     # -- bookkeeping ------------------------------------------------------------------
     def _to(self, phase: Phase, why: str = "") -> None:
@@ -206,14 +220,19 @@ class Migration:
         if o.testbed:
             self._testbed_up()
         src_disks, dst_disks = self._make_disks()
-        self.src = VM(self._vm_config("src", src_disks, incoming=False))
-        self.src.start()
-        await self.src.connect()
-        self.src_agent = AgentLink("src", self.src.config.agent_path)
-        await self.src_agent.connect()
-        await self._check_interrupt()
-        self.progress.step(f"source booting, workload {o.workload.text}")
-        await self._wait_ready()
+        if o.source is not None:
+            self.src, self.src_agent = o.source.vm, o.source.agent
+            self._mem_files.append(self.src.config.mem_path)
+            self.t_ready = time.time()
+        else:
+            self.src = VM(self._vm_config("src", src_disks, incoming=False))
+            self.src.start()
+            await self.src.connect()
+            self.src_agent = AgentLink("src", self.src.config.agent_path)
+            await self.src_agent.connect()
+            await self._check_interrupt()
+            self.progress.step(f"source booting, workload {o.workload.text}")
+            await self._wait_ready()
         if o.testbed:
             await self._start_probes()
         self.resolved = await self._resolve_settings()
@@ -224,7 +243,7 @@ class Migration:
         await self.dst_agent.connect()
         await self._apply_settings()
         await self._make_controller()
-        host = topology.MIG_ADDR["dst"] if o.testbed else "127.0.0.1"
+        host = topology.MIG_ADDR[o.dst_host] if o.testbed else "127.0.0.1"
         uri = f"tcp:{host}:{_free_port()}"
         await self.dst.cmd("migrate-incoming", uri=uri)
 
@@ -258,6 +277,12 @@ class Migration:
         w = self.opts.workload
         if not (w.disk or (w.verify and w.verify.disk)):
             return [], []
+        if self.opts.images is not None:
+            a, b = self.opts.images
+            here = self.opts.source.image if self.opts.source and self.opts.source.image else a
+            there = here if self.opts.storage == "shared" else (b if here == a else a)
+            self._src_image, self._dst_image = here, there
+            return [Disk(here)], [Disk(there)]
         need = max([d.size or 0 for d in w.disk] + [w.verify.disk if w.verify else 0])
         size = max(self.opts.disk_size, need)
         names = ["disk0.raw"] if self.opts.storage == "shared" else [
@@ -268,12 +293,15 @@ class Migration:
                 f.truncate(size)
             self._images.append(img)
             self.event("disk created", path=str(img), size=size)
-        src = [Disk(self._images[0])]
-        return src, [Disk(self._images[-1])]
+        self._src_image, self._dst_image = self._images[0], self._images[-1]
+        return [Disk(self._src_image)], [Disk(self._dst_image)]
 
     def _testbed_up(self) -> None:
         """Take the testbed for this run; create it (and later remove it) if needed."""
         o = self.opts
+        if o.testbed_held:
+            topology.set_link(o.link)
+            return
         self._testbed.enter_context(topology.locked())
         if topology.is_up():
             topology.set_link(o.link)
@@ -305,7 +333,8 @@ class Migration:
         """Mirror the disk to the destination; RAM waits until the copy is in sync."""
         assert self.src is not None and self.dst is not None
         lm = self.resolved.livemig
-        self.disk = DiskMirror(self.src.cmd, self.dst.cmd, topology.MIG_ADDR["dst"], "disk0",
+        self.disk = DiskMirror(self.src.cmd, self.dst.cmd, topology.MIG_ADDR[self.opts.dst_host],
+                               "disk0",
                                int(lm["disk-granularity"]), int(lm["disk-speed"]),
                                str(lm["disk-copy-mode"]))
         await self.disk.start()
@@ -341,6 +370,7 @@ class Migration:
         await self.src.cmd("migrate-continue", state="pre-switchover")
 
     def _vm_config(self, name: str, disks: list[Disk], incoming: bool) -> VMConfig:
+        """``name`` is the role (src/dst); the testbed host comes from the options."""
         o = self.opts
         mem_path = paths.shm_root() / f"livemig-{self.id}-{name}.ram"
         with contextlib.suppress(FileNotFoundError):
@@ -350,7 +380,8 @@ class Migration:
         prefix: list[str] = []
         extra: list[str] = []
         if o.testbed:
-            prefix = netns.exec_prefix(topology.HOSTS[name])
+            host = o.src_host if name == "src" else o.dst_host
+            prefix = netns.exec_prefix(topology.HOSTS[host])
             extra = ["-netdev", f"tap,id=net0,ifname={topology.TAP},script=no,downscript=no",
                      "-device", f"virtio-net-pci,netdev=net0,mac={topology.GUEST_MAC},romfile="]
             append += f" livemig.ip={topology.GUEST_IP}/{topology.GUEST_PREFIX}"
@@ -396,6 +427,8 @@ class Migration:
         if self.opts.storage == "copy":
             # stop at pre-switchover, so the disk mirror finishes with the guest frozen
             caps["pause-before-switchover"] = True
+        if self.opts.source is not None:
+            await self._reset_source_settings()
         for vm in (self.src, self.dst):
             assert vm is not None
             await vm.cmd("migrate-set-capabilities", capabilities=[
@@ -403,6 +436,23 @@ class Migration:
             if r.parameters:
                 await vm.cmd("migrate-set-parameters", **r.parameters)
         self.event("settings applied", **r.as_dict())
+
+    async def _reset_source_settings(self) -> None:
+        """A source that was the destination of an earlier migration still has that
+        migration's settings: give it a fresh QEMU's (the new destination's) first."""
+        assert self.src is not None and self.dst is not None
+        fresh = {c["capability"]: c["state"] for c in await self.dst.cmd(
+            "query-migrate-capabilities")}
+        now = {c["capability"]: c["state"] for c in await self.src.cmd(
+            "query-migrate-capabilities")}
+        off = [{"capability": k, "state": v} for k, v in fresh.items() if now.get(k) != v]
+        if off:
+            await self.src.cmd("migrate-set-capabilities", capabilities=off)
+        fresh_p = await self.dst.cmd("query-migrate-parameters")
+        now_p = await self.src.cmd("query-migrate-parameters")
+        diff = {k: v for k, v in fresh_p.items() if now_p.get(k) != v}
+        if diff:
+            await self.src.cmd("migrate-set-parameters", **diff)
 
     async def _make_controller(self) -> None:
         assert self.src is not None
@@ -527,8 +577,9 @@ class Migration:
             self.event("ram compared", **self.ram_check.as_dict())
             if self.disk is not None:
                 self.progress.step("comparing the disk images: source vs destination")
+                assert self._src_image is not None and self._dst_image is not None
                 self.disk_check = await asyncio.to_thread(
-                    compare_images, self._images[0], self._images[-1])
+                    compare_images, self._src_image, self._dst_image)
                 self.event("disk compared", **self.disk_check.as_dict())
             await self.dst.cmd("cont")
             self.t_cont = time.time()
@@ -570,7 +621,8 @@ class Migration:
     def _tap_counters(self) -> dict[str, dict[str, int]] | None:
         if not self.opts.testbed:
             return None
-        return {side: topology.tap_counters(side) for side in ("src", "dst")}
+        o = self.opts
+        return {"src": topology.tap_counters(o.src_host), "dst": topology.tap_counters(o.dst_host)}
 
     def _who_answers(self, before: dict[str, dict[str, int]] | None, since: float) -> None:
         """After the switchover, which host's tap carried the guest's replies?"""
@@ -592,21 +644,30 @@ class Migration:
         self.event("network after switchover", **self.network["after_switchover"])
 
     def _inject(self, fault: Fault) -> None:
+        """Corrupt the destination (frozen, not yet resumed); remember exactly where."""
         assert self.dst is not None
-        if fault.kind == "disk-byte":
-            if self.disk is None:
-                raise UsageError("disk-byte faults need --storage copy and a disk workload")
-            corrupt_block(self._images[-1], fault.address)
-            self.event("fault injected", kind=fault.kind, offset=f"{fault.address:#x}")
-            self.progress.step(f"FAULT INJECTED: flipped a byte of the destination image at "
-                               f"{fault.address:#x}")
-        elif fault.kind == "ram-byte":
-            corrupt_byte(self.dst.config.mem_path, fault.address, self.opts.memory)
-            self.event("fault injected", kind=fault.kind, address=f"{fault.address:#x}")
-            self.progress.step(f"FAULT INJECTED: flipped a byte of destination RAM at "
-                               f"{fault.address:#x}")
+        ram_file = self.dst.config.mem_path
+        if fault.target == "disk":
+            if self.disk is None or self._dst_image is None:
+                raise UsageError(f"{fault.kind} faults need --storage copy and a disk")
+            w = self.opts.workload
+            offset = fault.address
+            if fault.kind == "disk-stamped":
+                limit = w.verify.disk if w.verify and w.verify.disk else 0
+                offset = faults.pick_stamped(self._dst_image, fault.address, limit)
+            faults.flip_byte(self._dst_image, offset)
+            where, what = offset, "the destination's disk image at offset"
         else:
-            raise UsageError(f"unknown fault kind {fault.kind!r}")
+            offset = gpa_to_offset(fault.address, self.opts.memory)
+            if fault.kind == "ram-stamped":
+                offset = faults.pick_stamped(ram_file, fault.address)
+            faults.flip_byte(ram_file, offset)
+            where, what = faults.ram_gpa(offset, self.opts.memory), "destination RAM at"
+        record = {"kind": fault.kind, "target": fault.target, "address": f"{where:#x}",
+                  "block": f"{where & ~(faults.BLOCK - 1):#x}", "t": time.time()}
+        self.injected.append(record)
+        self.event("fault injected", **record)
+        self.progress.step(f"FAULT INJECTED: flipped a byte of {what} {where:#x}")
 
     async def _finish_cancel(self) -> None:
         self.result = Outcome("aborted", self.result.reason or "cancelled")
@@ -690,11 +751,14 @@ class Migration:
             self.network.update(self.prober.summary(
                 self.t_migrate or self.prober.started or time.time(),
                 self.t_end or time.time(), self._hold()))
+        keep = self.handed_over()
+        if keep is not None:
+            self._mem_files.remove(keep.vm.config.mem_path)
         for agent in (self.src_agent, self.dst_agent):
-            if agent is not None:
+            if agent is not None and (keep is None or agent is not keep.agent):
                 await agent.close()
         for vm in (self.dst, self.src):
-            if vm is not None:
+            if vm is not None and (keep is None or vm is not keep.vm):
                 with contextlib.suppress(Exception):
                     await vm.stop()
         for f in self._mem_files:
@@ -708,6 +772,14 @@ class Migration:
         self._testbed.close()
         if self.result.outcome == "completed" and not self.opts.keep_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def handed_over(self) -> Running | None:
+        """With ``keep_destination``: the guest now running on the destination."""
+        if not self.opts.keep_destination or self.result.outcome != "completed":
+            return None
+        if self.dst is None or self.dst_agent is None or not self.dst.alive():
+            return None
+        return Running(self.dst, self.dst_agent, self.opts.dst_host, self._dst_image)
 
     def _hold(self) -> tuple[float, float] | None:
         if self.t_cont is not None and self.t_dst_done is not None:

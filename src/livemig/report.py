@@ -47,7 +47,8 @@ def build_report(m: Migration) -> dict[str, Any]:
         ram_check = m.ram_check.as_dict()
     elif completed and not o.verify:
         ram_check = {"result": "skipped", "why": "--no-verify"}
-    guest_errors = [e for a in (m.src_agent, m.dst_agent) if a for e in a.verify_errors]
+    guest_errors = [e for a in (m.src_agent, m.dst_agent) if a for e in a.verify_errors
+                    if e.get("t", m.t0) >= m.t0]  # a handed-over agent has older ones
     disk: dict[str, Any] = {"disk_transferred_bytes": 0, "disk_dirty_amplification": None}
     if m.disk is not None:
         disk = m.disk.stats.as_report()
@@ -99,7 +100,8 @@ def build_report(m: Migration) -> dict[str, Any]:
             "testbed": o.testbed, "link_bits": o.link if o.testbed else None,
             "storage": o.storage,
             "accel_reason": o.accel_reason, "verify": o.verify,
-            "faults": [{"kind": f.kind, "address": f"{f.address:#x}"} for f in o.faults],
+            "faults": m.injected or [
+                {"kind": f.kind, "address": f"{f.address:#x}"} for f in o.faults],
             "total_time_includes_disk_copy": m.disk is not None,
         },
     }
