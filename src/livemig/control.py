@@ -8,6 +8,9 @@ livemig settings it reads (``--set``):
   ``dirty-limit`` (QEMU's per-vCPU dirty limit; KVM with a dirty ring only).
 - ``downtime-ramp``: on/off; ``max-downtime``: ceiling in ms.
 - ``on-stall``: ``force`` | ``abort`` | ``postcopy`` when the strategy is exhausted.
+- with ``--storage copy``: ``disk-schedule`` (``first`` shares the link between the
+  mirror and RAM after the disk's first pass, ``concurrent`` lets them compete),
+  ``io-qos`` (cap guest writes while the disk remainder does not shrink).
 """
 
 from __future__ import annotations
@@ -24,12 +27,16 @@ from livemig.policy.base import (
     ForceSwitchover,
     Policy,
     SetDowntimeLimit,
+    SetIoThrottle,
+    SetMirrorSpeed,
+    SetRamBandwidth,
     SetThrottle,
     Snapshot,
     StartPostcopy,
     StrategyExhausted,
 )
 from livemig.policy.convergence import DowntimeRamp, LastResort
+from livemig.policy.disk import IoQos, LinkShare
 from livemig.policy.throttle import ThrottlePolicy
 
 log = logging.getLogger(__name__)
@@ -37,13 +44,20 @@ log = logging.getLogger(__name__)
 # The patched QEMU's direct throttle knob (qemu/patches): a lease, renewed every poll.
 DIRECT_KNOB = "cpu-throttle-direct"
 THROTTLES = ("off", "auto-converge", "reference", "direct", "staged", "dirty-limit")
+MIRROR_JOB = "livemig-mirror"  # livemig.storage.JOB
+# the guest disk's QOM path (livemig.vm: -device virtio-blk-pci,id=vdisk0; the block
+# backend hangs off the inner virtio device)
+GUEST_DISK = "/machine/peripheral/vdisk0/virtio-backend"
 
 Command = Callable[..., Awaitable[Any]]
 
 
 class Controller:
     def __init__(self, settings: dict[str, Any], qemu_params: dict[str, Any], accel: str,
-                 downtime_ms: int, record: Callable[[str, dict[str, Any]], None]) -> None:
+                 downtime_ms: int, record: Callable[[str, dict[str, Any]], None],
+                 disk_link: float | None = None, ram_cap: int | None = None) -> None:
+        """``disk_link``: bytes/s of the link when the disk is copied (None: no disk
+        policies); ``ram_cap``: an explicit --bandwidth."""
         self.record = record
         self.throttle_mode = str(settings.get("throttle", "off"))
         if self.throttle_mode not in THROTTLES:
@@ -60,8 +74,13 @@ class Controller:
             self.policies.append(ThrottlePolicy(self.throttle_mode))
         if settings.get("downtime-ramp"):
             self.policies.append(DowntimeRamp(downtime_ms, int(settings["max-downtime"])))
+        if disk_link is not None and settings.get("disk-schedule", "first") == "first":
+            self.policies.append(LinkShare(disk_link, ram_cap))
+        if disk_link is not None and settings.get("io-qos"):
+            self.policies.append(IoQos())
         self.last_resort = LastResort(str(settings.get("on-stall", "force")))
         self.throttle_pct = 0
+        self.io_cap = 0
         self.abort_reason: str | None = None
         self.forced: str | None = None
         self.postcopy: str | None = None
@@ -107,9 +126,33 @@ class Controller:
         elif isinstance(a, StartPostcopy):
             self.postcopy = a.reason
             await cmd("migrate-start-postcopy")
+        elif isinstance(a, SetRamBandwidth):
+            await self._set(cmd, **{"max-bandwidth": a.bytes_per_s})
+        elif isinstance(a, SetMirrorSpeed):
+            await self._try(cmd, "block-job-set-speed", device=MIRROR_JOB,
+                            speed=a.bytes_per_s)
+        elif isinstance(a, SetIoThrottle):
+            self.io_cap = a.write_bytes_per_s
+            await self._io_throttle(cmd, a.write_bytes_per_s)
+
+    async def _io_throttle(self, cmd: Command, write_bps: int) -> None:
+        await self._try(cmd, "block_set_io_throttle", id=GUEST_DISK, bps=0, bps_rd=0,
+                        bps_wr=write_bps, iops=0, iops_rd=0, iops_wr=0)
+
+    async def _try(self, cmd: Command, command: str, **args: Any) -> None:
+        try:
+            await cmd(command, **args)
+        except VMError as e:
+            log.info("%s not applied: %s", command, e)
+            self.record("action not applied", {"command": command, "error": str(e)})
 
     async def release(self, cmd: Command) -> None:
-        """Drop the throttle (QEMU also clears it at the end; this is belt and braces)."""
+        """At the end, whatever the outcome: no throttle, no cap on guest writes (QEMU
+        clears the throttle itself; the IO cap would stay on a source that runs on)."""
         if self.throttle_pct:
             self.throttle_pct = 0
             await self._set(cmd, **{DIRECT_KNOB: 0})
+        if self.io_cap:
+            self.io_cap = 0
+            self.record("io cap removed", {})
+            await self._io_throttle(cmd, 0)

@@ -33,7 +33,9 @@ from livemig.control import Controller
 from livemig.diskcheck import DiskComparison, compare_images
 from livemig.errors import LivemigError, UsageError, VMError
 from livemig.faults import Fault
+from livemig.policy import pinning
 from livemig.policy.base import Snapshot
+from livemig.policy.disk import choose_granularity
 from livemig.progress import Progress
 from livemig.ramcheck import RamComparison, compare_ram, gpa_to_offset
 from livemig.settings import Resolved, resolve
@@ -41,12 +43,13 @@ from livemig.spec import Workload
 from livemig.storage import DiskMirror
 from livemig.testbed import netns, topology
 from livemig.testbed.probe import Prober
-from livemig.vm import VM, Disk, VMConfig
+from livemig.vm import VM, Disk, VMConfig, is_migration_thread
 
 log = logging.getLogger(__name__)
 
 BOOT_TIMEOUT_S = 180.0
 GUEST_OVERHEAD = 160 << 20  # kernel + initramfs + agent, on top of the workload's memory
+LINK_EFFICIENCY = 0.93  # TCP payload over a tbf-shaped veth (measured: 93% at 1gbit)
 TERMINAL = ("completed", "failed", "cancelled")
 
 
@@ -161,6 +164,10 @@ class Migration:
         self.controller: Controller | None = None
         self._mem_files: list[Path] = []
         self._disk_job: dict[str, Any] | None = None
+        self._disk_obs: dict[str, Any] = {}  # what the disk policies see
+        self._disk_prev: tuple[float, int, int] | None = None  # (t, job len, guest written)
+        self.pin_plan: pinning.PinPlan | None = None
+        self.pinning: dict[str, Any] = {}
         self.t_ram: float | None = None  # RAM migration started (after the disk, if copied)
         self.prober: Prober | None = None
         self.network: dict[str, Any] = {}
@@ -257,12 +264,17 @@ class Migration:
         self.cpu["source_before"] = self.src.cpu_seconds()
         self.t_migrate = time.time()
         if o.storage == "copy":
-            await self._copy_disk_first()
+            await self._start_disk_copy()
+            if self.resolved.livemig["disk-schedule"] == "first":
+                await self._wait_disk_ready()
+        self._plan_pinning()
         self.t_ram = time.time()
         await self.src.cmd("migrate", uri=uri)
-        self.progress.step("migration started" if self.disk is None
-                           else "disk in sync; RAM migration started")
+        self.progress.step("migration started" if self.disk is None else
+                           "disk in sync; RAM migration started" if self.disk.stats.ready_at
+                           else "RAM migration started while the disk copies")
         status = await self._monitor()
+        await self._release_controls()
         if status == "completed":
             await self._switchover()
         elif status == "cancelled":
@@ -329,24 +341,48 @@ class Migration:
         self.progress.step(f"client probes the guest at {topology.GUEST_IP} every "
                            f"{self.prober.interval * 1000:.0f} ms")
 
-    async def _copy_disk_first(self) -> None:
-        """Mirror the disk to the destination; RAM waits until the copy is in sync."""
+    async def _start_disk_copy(self) -> None:
+        """Mirror the disk into the destination's NBD export."""
         assert self.src is not None and self.dst is not None
         lm = self.resolved.livemig
+        gran = lm["disk-granularity"]
+        why = "set explicitly"
+        if gran == "auto":
+            st = await _blockstats(self.src)
+            gran = choose_granularity(st.get("wr_bytes", 0), st.get("wr_operations", 0))
+            avg = st.get("wr_bytes", 0) / max(st.get("wr_operations", 0), 1)
+            why = (f"auto: guest writes average {avg / 1024:.1f} KiB over "
+                   f"{st.get('wr_operations', 0)} writes")
         self.disk = DiskMirror(self.src.cmd, self.dst.cmd, topology.MIG_ADDR[self.opts.dst_host],
-                               "disk0",
-                               int(lm["disk-granularity"]), int(lm["disk-speed"]),
+                               "disk0", int(gran), int(lm["disk-speed"]),
                                str(lm["disk-copy-mode"]))
         await self.disk.start()
         self.event("disk mirror started", granularity=self.disk.granularity,
-                   speed=self.disk.speed, copy_mode=self.disk.copy_mode)
-        self.progress.step(f"copying the disk first (granularity "
-                           f"{self.disk.granularity >> 10}K, mode {self.disk.copy_mode})")
+                   granularity_reason=why, speed=self.disk.speed,
+                   copy_mode=self.disk.copy_mode, schedule=lm["disk-schedule"])
+        self.progress.step(f"copying the disk (granularity {self.disk.granularity >> 10}K, "
+                           f"{why}; mode {self.disk.copy_mode}, schedule "
+                           f"{lm['disk-schedule']})")
+
+    async def _wait_disk_ready(self, frozen: bool = False) -> None:
+        """Disk first: RAM waits until the mirror's first full pass is done. The disk
+        policies (IO QoS) already act here, unless the guest is ``frozen``."""
+        assert self.src is not None and self.dst is not None and self.disk is not None
         last_report = 0.0
         while True:
             job = await self.disk.poll()
             assert job is not None
             now = time.time()
+            self._disk_job = job
+            await self._observe_disk(now)
+            if not frozen and self.controller is not None and self.controller.active:
+                assert self.t_migrate is not None
+                await self.controller.tick(Snapshot(
+                    t=now - self.t_migrate, rounds=0, remaining=0, dirty_rate=0.0,
+                    bandwidth=0.0, disk_remaining=self._disk_obs["remaining"],
+                    disk_total=self._disk_obs["total"], disk_ready=False,
+                    disk_dirty_rate=self._disk_obs.get("dirty_rate"),
+                    disk_write_rate=self._disk_obs.get("write_rate")), self.src.cmd)
             if job.get("ready"):
                 self.event("disk mirror ready", offset=job["offset"], len=job["len"])
                 return
@@ -361,10 +397,64 @@ class Migration:
                 raise VMError(f"destination QEMU died: {self.dst.log_tail()}")
             await asyncio.sleep(0.1)
 
+    async def _release_controls(self) -> None:
+        """No throttle and no IO cap survive the migration, whatever its outcome."""
+        if self.controller is not None and self.src is not None and self.src.alive():
+            await self.controller.release(self.src.cmd)
+
+    async def _observe_disk(self, now: float) -> None:
+        """The mirror's backlog, how fast it is re-dirtied, how fast the guest writes."""
+        assert self.disk is not None and self._disk_job is not None
+        job = self._disk_job
+        written = await self.disk.guest_written()
+        obs: dict[str, Any] = {"remaining": int(job["len"]) - int(job["offset"]),
+                               "total": int(job["len"]), "ready": bool(job.get("ready"))}
+        if self._disk_prev is not None and now > self._disk_prev[0]:
+            dt = now - self._disk_prev[0]
+            obs["dirty_rate"] = max(0, int(job["len"]) - self._disk_prev[1]) / dt
+            obs["write_rate"] = max(0, written - self._disk_prev[2]) / dt
+        self._disk_prev = (now, int(job["len"]), written)
+        self._disk_obs = obs
+
+    def _plan_pinning(self) -> None:
+        assert self.src is not None
+        mode = str(self.resolved.livemig["pin"])
+        cpus = sorted(os.sched_getaffinity(0))
+        self.pin_plan, why = pinning.plan(cpus, self.opts.vcpus, mode)
+        self.pinning = {"mode": mode, "applied": self.pin_plan is not None, "reason": why,
+                        "threads": {}}
+        if mode != "off":
+            self.event("pinning", **{k: v for k, v in self.pinning.items() if k != "threads"})
+        if self.pin_plan is not None:
+            self._pin_threads()
+
+    def _pin_threads(self) -> None:
+        """Pin the source's vCPU and migration threads (new ones appear as it runs)."""
+        assert self.src is not None and self.pin_plan is not None
+        done: dict[str, list[int]] = self.pinning["threads"]
+        for tid, comm in self.src.threads().items():
+            key = f"{tid}:{comm}"
+            if key in done:
+                continue
+            if pinning.is_vcpu_thread(comm):
+                cpus = self.pin_plan.vcpu_cpus
+            elif is_migration_thread(comm):
+                cpus = self.pin_plan.migration_cpus
+            else:
+                continue
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError as e:
+                log.info("cannot pin %s: %s", key, e)
+                continue
+            done[key] = sorted(cpus)
+
     async def _disk_switchover(self) -> None:
         """QEMU paused at pre-switchover: finish the mirror, then let RAM complete."""
         assert self.src is not None and self.src.qmp is not None and self.disk is not None
         self.progress.step("guest frozen: finishing the disk mirror before the switchover")
+        if self.disk.stats.ready_at is None:  # concurrent: RAM was done first
+            await self._wait_disk_ready(frozen=True)
         await self.disk.finish(self.src.qmp)
         self.event("disk mirror finished", **self.disk.stats.as_report())
         await self.src.cmd("migrate-continue", state="pre-switchover")
@@ -457,10 +547,15 @@ class Migration:
     async def _make_controller(self) -> None:
         assert self.src is not None
         params = await self.src.cmd("query-migrate-parameters")
+        o = self.opts
+        link = None
+        if o.storage == "copy" and o.testbed and o.link is not None:
+            link = o.link / 8 * LINK_EFFICIENCY
         self.controller = Controller(
-            self.resolved.livemig, params, self.opts.accel,
+            self.resolved.livemig, params, o.accel,
             int(params.get("downtime-limit", 300)),
-            lambda what, data: self.event(what, **data))
+            lambda what, data: self.event(what, **data),
+            disk_link=link, ram_cap=o.bandwidth)
 
     async def _control(self, now: float, info: dict[str, Any]) -> str | None:
         """Let the policies act; return a reason to cancel if one decided to abort."""
@@ -469,7 +564,8 @@ class Migration:
             return None
         assert self.src is not None and self.t_migrate is not None
         forced = c.forced
-        await c.tick(Snapshot.from_query_migrate(now - self.t_migrate, info), self.src.cmd)
+        snap = Snapshot.from_query_migrate(now - self.t_migrate, info, self._disk_obs or None)
+        await c.tick(snap, self.src.cmd)
         if c.forced and not forced:
             self.progress.step(c.forced)
         if c.postcopy:
@@ -498,6 +594,9 @@ class Migration:
                 continue
             if self.disk is not None and self.disk.active:
                 self._disk_job = await self.disk.poll()
+                await self._observe_disk(now)
+            if self.pin_plan is not None:
+                self._pin_threads()
             policy_abort = await self._control(now, info)
             if cancelled_for is None:
                 if policy_abort:
@@ -535,7 +634,9 @@ class Migration:
         }
         job = self._disk_job if self.disk is not None and self.disk.active else None
         if job is not None:
-            sample["disk_remaining"] = int(job["len"]) - int(job["offset"])
+            sample["remaining_disk"] = int(job["len"]) - int(job["offset"])
+        if ram.get("deferred-pages") is not None:
+            sample["deferred_pages"] = ram.get("deferred-pages")
         if sample["guest_rate"] is not None and self._baseline():
             sample["guest_rate_pct"] = 100.0 * sample["guest_rate"] / self._baseline()
         if bandwidth and remaining is not None:
@@ -690,6 +791,7 @@ class Migration:
         if self.src is None or not self.src.alive() or self.t_migrate is None:
             return
         with contextlib.suppress(LivemigError):
+            await self._release_controls()
             info = await self.src.cmd("query-migrate")
             if self.disk is not None:
                 await self.disk.abandon()
@@ -818,6 +920,14 @@ def _ms(s: float | None) -> float | None:
 
 def _delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round(a - b, 3)
+
+
+async def _blockstats(vm: VM) -> dict[str, int]:
+    """The guest disk's cumulative write counters (query-blockstats)."""
+    for s in await vm.cmd("query-blockstats"):
+        if s.get("node-name") == "disk0" or "vdisk0" in str(s.get("qdev", "")):
+            return {k: int(v) for k, v in s.get("stats", {}).items() if isinstance(v, int)}
+    return {}
 
 
 def _free_port() -> int:

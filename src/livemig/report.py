@@ -89,6 +89,7 @@ def build_report(m: Migration) -> dict[str, Any]:
             "guest_errors": guest_errors[:16],
         },
         "source_after": m.source_after,
+        "pinning": m.pinning or None,
         "qemu_final_stats": stats,
         "timeline": m.timeline,
         "events": m.events,

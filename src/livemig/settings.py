@@ -41,7 +41,9 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return conv
 
 
-def _granularity(value: str) -> int:
+def _granularity(value: str) -> int | str:
+    if value == "auto":
+        return value
     g = parse_size(value, "disk-granularity")
     if g < 512 or g > 64 << 20 or g & (g - 1):
         raise ValueError(value)
@@ -65,8 +67,16 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
     "on-stall": LivemigSetting("force", _choice("force", "abort", "postcopy"),
                                "force|abort|postcopy when the strategy is exhausted"),
     "disk-granularity": LivemigSetting(
-        64 << 10, _granularity, "dirty-bitmap granularity of the disk mirror (--storage "
-        "copy): a power of two, 512 to 64M"),
+        "auto", _granularity, "dirty-bitmap granularity of the disk mirror (--storage "
+        "copy): auto (from the guest's write sizes) or a power of two, 512 to 64M"),
+    "disk-schedule": LivemigSetting("first", _choice("first", "concurrent"),
+                                    "first: disk copy, then RAM with a growing share of "
+                                    "the link; concurrent: both at once"),
+    "io-qos": LivemigSetting(False, _onoff, "cap guest disk writes while the disk "
+                             "remainder does not shrink"),
+    "pin": LivemigSetting("off", _choice("off", "auto", "on"),
+                          "pin the source's migration threads away from its vCPUs "
+                          "(auto: only with a spare host CPU)"),
     "disk-speed": LivemigSetting(0, _bytes, "disk mirror speed cap, bytes/s (0: none)"),
     "disk-copy-mode": LivemigSetting("background", _choice("background", "write-blocking"),
                                      "background|write-blocking (mirror copy mode)"),
@@ -85,7 +95,8 @@ PROFILES: dict[str, dict[str, str]] = {
     # knob instead of auto-converge, xbzrle for the hot set's small writes, a
     # downtime ramp, and a forced switchover as the last resort.
     "livemig": {"xbzrle": "on", "xbzrle-cache-size": "256M", "throttle": "reference",
-                "downtime-ramp": "on", "max-downtime": "1000", "on-stall": "force"},
+                "downtime-ramp": "on", "max-downtime": "1000", "on-stall": "force",
+                "io-qos": "on", "pin": "auto"},
 }
 
 

@@ -237,9 +237,28 @@ class VM:
             if cpu is not None:
                 self._thread_cpu[int(t.name)] = (comm, cpu)
 
+    def threads(self) -> dict[int, str]:
+        """Thread id → name of the running QEMU."""
+        out: dict[int, str] = {}
+        if not self.alive():
+            return out
+        try:
+            for t in Path(f"/proc/{self.pid}/task").iterdir():
+                try:
+                    out[int(t.name)] = (t / "comm").read_text().strip()
+                except OSError:
+                    continue
+        except OSError:
+            pass
+        return out
+
     def migration_thread_cpu(self) -> float:
         """CPU seconds of QEMU's migration threads seen so far (main + multifd)."""
         return sum(cpu for comm, cpu in self._thread_cpu.values() if _is_migration_thread(comm))
+
+
+def is_migration_thread(comm: str) -> bool:
+    return _is_migration_thread(comm)
 
 
 def _is_migration_thread(comm: str) -> bool:

@@ -20,10 +20,15 @@ class Snapshot:
     disk_remaining: int | None = None  # mirror: len - offset (bytes still to copy)
     disk_total: int | None = None
     disk_ready: bool = False  # mirror in sync (only dirty writes left)
+    disk_dirty_rate: float | None = None  # bytes/s the mirror's to-do grows by (re-dirtied)
+    disk_write_rate: float | None = None  # bytes/s the guest writes to the disk
 
     @classmethod
-    def from_query_migrate(cls, t: float, info: dict[str, Any]) -> Snapshot:
+    def from_query_migrate(cls, t: float, info: dict[str, Any],
+                           disk: dict[str, Any] | None = None) -> Snapshot:
+        """``disk``: the mirror's state (remaining, total, ready, dirty_rate, write_rate)."""
         ram = info.get("ram", {})
+        d = disk or {}
         page = ram.get("page-size") or 4096
         mbps = ram.get("mbps") or 0.0
         return cls(
@@ -34,6 +39,11 @@ class Snapshot:
             bandwidth=float(mbps) * 1e6 / 8,
             throttle_pct=int(info.get("cpu-throttle-percentage") or 0),
             ram_total=int(ram.get("total") or 0),
+            disk_remaining=d.get("remaining"),
+            disk_total=d.get("total"),
+            disk_ready=bool(d.get("ready")),
+            disk_dirty_rate=d.get("dirty_rate"),
+            disk_write_rate=d.get("write_rate"),
         )
 
 
