@@ -23,7 +23,7 @@ from livemig.progress import Progress
 from livemig.report import build_report, write_report
 from livemig.settings import PROFILES, merge
 from livemig.spec import parse_workload
-from livemig.units import parse_size
+from livemig.units import parse_link_rate, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,8 @@ METRICS: list[tuple[str, Callable[[dict[str, Any]], float | None]]] = [
     ("ram_sent_mib", lambda r: _div(r["ram_transferred_bytes"], 1 << 20)),
     ("downtime_ms", lambda r: r["downtime_ms"]),
     ("guest_pause_ms", lambda r: r["guest_pause_ms"]),
+    ("network_pause_ms", lambda r: r.get("network_pause_ms")),
+    ("disk_sent_mib", lambda r: _div(r.get("disk_transferred_bytes") or None, 1 << 20)),
     ("below_10pct_s", lambda r: r["workload"].get("seconds_below_10pct")),
     ("src_cpu_s", lambda r: r["cpu_seconds"]["source"]),
     ("mig_thread_cpu_s", lambda r: r["cpu_seconds"]["source_migration_threads"]),
@@ -56,6 +58,10 @@ def load_scenario(path: Path) -> dict[str, Any]:
     sc.setdefault("name", path.stem)
     sc.setdefault("profiles", ["upstream", "livemig"])
     sc.setdefault("repeats", 1)
+    if sc.get("storage", "shared") not in ("shared", "copy"):
+        raise UsageError(f"scenario {path}: storage must be shared or copy")
+    if str(sc.get("link", "1gbit")) != "local":
+        parse_link_rate(str(sc.get("link", "1gbit")))
     parse_workload(sc["workload"])
     for p in sc["profiles"]:
         if p not in PROFILES:
@@ -72,7 +78,14 @@ def options_for(sc: dict[str, Any], profile: str, accel: str, reason: str,
         bandwidth=parse_size(sc["bandwidth"]) if sc.get("bandwidth") else None,
         profile=profile, wanted=wanted, max_time=float(sc.get("max_time", 300)),
         accel=accel, accel_reason=reason,
+        storage=str(sc.get("storage", "shared")),
     )
+    link = str(sc.get("link", "1gbit"))
+    opts.testbed = link != "local"
+    opts.link = parse_link_rate(link) if opts.testbed else None
+    opts.disk_fill = str(sc.get("disk_fill", "zero"))
+    if sc.get("disk_size"):
+        opts.disk_size = parse_size(sc["disk_size"])
     if qemu is not None:
         opts.qemu = qemu
     return opts

@@ -69,6 +69,9 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-verify", action="store_true", help="skip the RAM comparison")
     m.add_argument("--disk-size", default="256M", help="guest disk size when the "
                    "workload writes to disk (default 256M)")
+    m.add_argument("--disk-fill", default="zero", choices=("zero", "mixed"),
+                   help="what the source disk holds at the start: zero (sparse, "
+                        "default) or mixed data like a used disk")
     m.add_argument("--inject-fault", action="append", default=[], metavar="KIND@ADDR",
                    help=f"debug: corrupt the destination before the comparison: "
                         f"ram-byte@0xGUESTADDR, disk-byte@OFFSET, ram-stamped@N or "
@@ -184,7 +187,7 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         keep_run_dir=a.keep_run_dir, run_id=a.run_id,
         testbed=a.link.strip().lower() != "local",
         link=None if a.link.strip().lower() == "local" else parse_link_rate(a.link),
-        storage=a.storage,
+        storage=a.storage, disk_fill=a.disk_fill,
     )
     if opts.storage == "copy" and not opts.testbed:
         raise UsageError("--storage copy needs the testbed's hosts: not with --link local")

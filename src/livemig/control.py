@@ -9,7 +9,8 @@ livemig settings it reads (``--set``):
 - ``downtime-ramp``: on/off; ``max-downtime``: ceiling in ms.
 - ``on-stall``: ``force`` | ``abort`` | ``postcopy`` when the strategy is exhausted.
 - with ``--storage copy``: ``disk-schedule`` (``first`` shares the link between the
-  mirror and RAM after the disk's first pass, ``concurrent`` lets them compete),
+  mirror and RAM after the disk's first pass; ``libvirt`` and ``concurrent`` let
+  them compete, after the first pass or from the start),
   ``io-qos`` (cap guest writes while the disk remainder does not shrink).
 """
 

@@ -19,6 +19,7 @@ import contextlib
 import enum
 import logging
 import os
+import random
 import shutil
 import socket
 import time
@@ -103,6 +104,7 @@ class MigrateOptions:
     testbed: bool = True  # False: both QEMUs on this host, loopback (--link local)
     link: int | None = 1_000_000_000  # bits/s of the shaped migration link; None: unshaped
     storage: str = "shared"  # shared | copy
+    disk_fill: str = "zero"  # zero (sparse) | mixed: the source image starts full of data
     # ping-pong (livemig verify): which testbed hosts, an already running source to
     # migrate instead of booting one, and whether to hand the destination over
     src_host: str = "src"
@@ -265,7 +267,7 @@ class Migration:
         self.t_migrate = time.time()
         if o.storage == "copy":
             await self._start_disk_copy()
-            if self.resolved.livemig["disk-schedule"] == "first":
+            if self.resolved.livemig["disk-schedule"] in ("first", "libvirt"):
                 await self._wait_disk_ready()
         self._plan_pinning()
         self.t_ram = time.time()
@@ -299,10 +301,12 @@ class Migration:
         size = max(self.opts.disk_size, need)
         names = ["disk0.raw"] if self.opts.storage == "shared" else [
             "src-disk0.raw", "dst-disk0.raw"]
-        for name in names:
+        for i, name in enumerate(names):
             img = self.run_dir / name
             with open(img, "wb") as f:
                 f.truncate(size)
+            if i == 0 and self.opts.disk_fill == "mixed":
+                fill_image(img, size)
             self._images.append(img)
             self.event("disk created", path=str(img), size=size)
         self._src_image, self._dst_image = self._images[0], self._images[-1]
@@ -920,6 +924,26 @@ def _ms(s: float | None) -> float | None:
 
 def _delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round(a - b, 3)
+
+
+def fill_image(path: Path, size: int) -> None:
+    """Fill a disk image like a used disk: per 4 KiB block a mix of random, text-like
+    and zero blocks (the mirror copies every byte; compressibility does not matter)."""
+    rng = random.Random(0x11FE)
+    words = b"lorem ipsum dolor sit amet select from where index page row table "
+    blocks = []
+    for i in range(256):
+        kind = i % 4
+        if kind == 0:
+            blocks.append(rng.randbytes(4096))
+        elif kind == 3:
+            blocks.append(bytes(4096))
+        else:
+            blocks.append((words * 64)[rng.randrange(64):][:4096].ljust(4096, b" "))
+    chunk = b"".join(blocks)  # 1 MiB
+    with open(path, "r+b") as f:
+        for off in range(0, size, len(chunk)):
+            f.write(off.to_bytes(8, "little") + chunk[8:min(len(chunk), size - off)])
 
 
 async def _blockstats(vm: VM) -> dict[str, int]:

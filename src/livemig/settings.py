@@ -67,11 +67,12 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
     "on-stall": LivemigSetting("force", _choice("force", "abort", "postcopy"),
                                "force|abort|postcopy when the strategy is exhausted"),
     "disk-granularity": LivemigSetting(
-        "auto", _granularity, "dirty-bitmap granularity of the disk mirror (--storage "
+        64 << 10, _granularity, "dirty-bitmap granularity of the disk mirror (--storage "
         "copy): auto (from the guest's write sizes) or a power of two, 512 to 64M"),
-    "disk-schedule": LivemigSetting("first", _choice("first", "concurrent"),
+    "disk-schedule": LivemigSetting("libvirt", _choice("first", "libvirt", "concurrent"),
                                     "first: disk copy, then RAM with a growing share of "
-                                    "the link; concurrent: both at once"),
+                                    "the link; libvirt: disk copy, then RAM, no sharing; "
+                                    "concurrent: both at once"),
     "io-qos": LivemigSetting(False, _onoff, "cap guest disk writes while the disk "
                              "remainder does not shrink"),
     "pin": LivemigSetting("off", _choice("off", "auto", "on"),
@@ -96,7 +97,8 @@ PROFILES: dict[str, dict[str, str]] = {
     # downtime ramp, and a forced switchover as the last resort.
     "livemig": {"xbzrle": "on", "xbzrle-cache-size": "256M", "throttle": "reference",
                 "downtime-ramp": "on", "max-downtime": "1000", "on-stall": "force",
-                "io-qos": "on", "pin": "auto"},
+                "io-qos": "on", "pin": "auto", "disk-schedule": "first",
+                "disk-granularity": "auto"},
 }
 
 
