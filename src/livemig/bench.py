@@ -71,14 +71,15 @@ def load_scenario(path: Path) -> dict[str, Any]:
 
 def options_for(sc: dict[str, Any], profile: str, accel: str, reason: str,
                 qemu: Path | None) -> MigrateOptions:
-    wanted = merge(profile, {k: str(v) for k, v in sc.get("set", {}).items()})
+    sets = {k: str(v) for k, v in sc.get("set", {}).items()}
+    wanted = merge(profile, sets)
     opts = MigrateOptions(
         workload=parse_workload(sc["workload"]), memory=parse_size(sc["memory"]),
         vcpus=int(sc.get("vcpus", 1)),
         bandwidth=parse_size(sc["bandwidth"]) if sc.get("bandwidth") else None,
         profile=profile, wanted=wanted, max_time=float(sc.get("max_time", 300)),
         accel=accel, accel_reason=reason,
-        storage=str(sc.get("storage", "shared")),
+        storage=str(sc.get("storage", "shared")), explicit=frozenset(sets),
     )
     link = str(sc.get("link", "1gbit"))
     opts.testbed = link != "local"

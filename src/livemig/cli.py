@@ -177,7 +177,8 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         raise UsageError("--vcpus must be in 1..64")
     if a.max_time is not None and a.max_time <= 0:
         raise UsageError("--max-time must be positive")
-    wanted = merge(a.profile, parse_sets(a.set))
+    sets = parse_sets(a.set)
+    wanted = merge(a.profile, sets)
     opts = MigrateOptions(
         workload=workload, memory=memory, vcpus=a.vcpus,
         bandwidth=parse_size(a.bandwidth, "--bandwidth") if a.bandwidth else None,
@@ -187,7 +188,7 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         keep_run_dir=a.keep_run_dir, run_id=a.run_id,
         testbed=a.link.strip().lower() != "local",
         link=None if a.link.strip().lower() == "local" else parse_link_rate(a.link),
-        storage=a.storage, disk_fill=a.disk_fill,
+        storage=a.storage, disk_fill=a.disk_fill, explicit=frozenset(sets),
     )
     if opts.storage == "copy" and not opts.testbed:
         raise UsageError("--storage copy needs the testbed's hosts: not with --link local")

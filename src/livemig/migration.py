@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from livemig import faults, metrics, paths
+from livemig import faults, metrics, pagesample, paths
 from livemig.agent import AgentLink
 from livemig.control import Controller
 from livemig.diskcheck import DiskComparison, compare_images
 from livemig.errors import LivemigError, UsageError, VMError
 from livemig.faults import Fault
-from livemig.policy import pinning
+from livemig.policy import encoding, pinning
 from livemig.policy.base import Snapshot
 from livemig.policy.disk import choose_granularity
 from livemig.progress import Progress
@@ -92,6 +92,7 @@ class MigrateOptions:
     bandwidth: int | None = None  # bytes/s cap on the migration stream
     profile: str = "livemig"
     wanted: dict[str, str] = field(default_factory=dict)  # profile + --set, merged
+    explicit: frozenset[str] = frozenset()  # keys given with --set (never overridden)
     max_time: float | None = None
     qemu: Path = field(default_factory=paths.default_qemu)
     accel: str = "tcg"
@@ -181,6 +182,8 @@ class Migration:
         self._src_image: Path | None = None
         self._dst_image: Path | None = None
         self.injected: list[dict[str, Any]] = []
+        self._wanted = dict(opts.wanted)
+        self.encoding: dict[str, Any] | None = None
 
     # -- bookkeeping ------------------------------------------------------------------
     def _to(self, phase: Phase, why: str = "") -> None:
@@ -244,6 +247,7 @@ class Migration:
             await self._wait_ready()
         if o.testbed:
             await self._start_probes()
+        await self._choose_encoding()
         self.resolved = await self._resolve_settings()
         self.dst = VM(self._vm_config("dst", dst_disks, incoming=True))
         self.dst.start()
@@ -401,6 +405,33 @@ class Migration:
                 raise VMError(f"destination QEMU died: {self.dst.log_tail()}")
             await asyncio.sleep(0.1)
 
+    async def _choose_encoding(self) -> None:
+        """``encoding=auto``: look at the pages the guest rewrites and pick the stream
+        encoding that suits them (settings given with --set win)."""
+        want = self._wanted.get("encoding", "off")
+        if want == "off" or self.src is None:
+            return
+        given = sorted(self.opts.explicit & encoding.KEYS)
+        if given:
+            self.event("encoding not chosen", reason=f"set explicitly: {', '.join(given)}")
+            return
+        if want == "auto":
+            pairs = await pagesample.rewritten_pages(self.src.config.mem_path)
+            choice = encoding.choose(pairs)
+        elif want in encoding.ENCODINGS:
+            choice = encoding.Choice(want, "set explicitly")
+        else:
+            raise UsageError(f"bad --set encoding={want}: auto, off or one of "
+                             f"{', '.join(encoding.ENCODINGS)}")
+        applied = {k: v for k, v in encoding.ENCODINGS[choice.encoding].items()
+                   if k not in self.opts.explicit}
+        self._wanted.update(applied)
+        self.encoding = {"encoding": choice.encoding, "reason": choice.reason,
+                         "changed_share": choice.changed_share, "zlib_ratio": choice.ratio,
+                         "samples": choice.samples, "applied": applied}
+        self.event("encoding chosen", **self.encoding)
+        self.progress.step(f"stream encoding {choice.encoding}: {choice.reason}")
+
     async def _release_controls(self) -> None:
         """No throttle and no IO cap survive the migration, whatever its outcome."""
         if self.controller is not None and self.src is not None and self.src.alive():
@@ -509,7 +540,7 @@ class Migration:
         caps = {c["capability"]: c["state"] for c in await self.src.cmd(
             "query-migrate-capabilities")}
         params = await self.src.cmd("query-migrate-parameters")
-        wanted = dict(self.opts.wanted)
+        wanted = dict(self._wanted)
         if self.opts.bandwidth is not None:
             wanted["max-bandwidth"] = str(self.opts.bandwidth)
         return resolve(wanted, caps, params)

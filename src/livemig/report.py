@@ -90,6 +90,7 @@ def build_report(m: Migration) -> dict[str, Any]:
         },
         "source_after": m.source_after,
         "pinning": m.pinning or None,
+        "encoding": m.encoding,
         "qemu_final_stats": stats,
         "timeline": m.timeline,
         "events": m.events,

@@ -75,6 +75,9 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                                     "concurrent: both at once"),
     "io-qos": LivemigSetting(False, _onoff, "cap guest disk writes while the disk "
                              "remainder does not shrink"),
+    "encoding": LivemigSetting("off", _choice("off", "auto", "xbzrle", "lz4", "plain"),
+                               "stream encoding: auto (from a sample of the pages the "
+                               "guest rewrites), xbzrle, lz4, plain, or off (as set)"),
     "pin": LivemigSetting("off", _choice("off", "auto", "on"),
                           "pin the source's migration threads away from its vCPUs "
                           "(auto: only with a spare host CPU)"),
@@ -95,7 +98,7 @@ PROFILES: dict[str, dict[str, str]] = {
     # Everything livemig has, on: the reference throttle through the patched direct
     # knob instead of auto-converge, xbzrle for the hot set's small writes, a
     # downtime ramp, and a forced switchover as the last resort.
-    "livemig": {"xbzrle": "on", "xbzrle-cache-size": "256M", "throttle": "reference",
+    "livemig": {"encoding": "auto", "throttle": "reference",
                 "downtime-ramp": "on", "max-downtime": "1000", "on-stall": "force",
                 "io-qos": "on", "pin": "auto", "disk-schedule": "first",
                 "disk-granularity": "auto"},
