@@ -176,11 +176,19 @@ class VM:
             if time.monotonic() > deadline:
                 raise VMError(f"{self.name}: QMP socket did not appear within {timeout:.0f}s")
             await asyncio.sleep(0.02)
-        client = QMPClient(f"livemig-{self.name}")
-        try:
-            await asyncio.wait_for(client.connect(str(self.config.qmp_path)), timeout)
-        except (QMPError, OSError, TimeoutError) as e:
-            raise VMError(f"{self.name}: cannot connect to QMP: {e}") from e
+        # the socket file appears at bind(), a moment before QEMU listens: a refused
+        # connection just means "not yet"
+        while True:
+            client = QMPClient(f"livemig-{self.name}")
+            try:
+                await asyncio.wait_for(client.connect(str(self.config.qmp_path)),
+                                       max(1.0, deadline - time.monotonic()))
+                break
+            except (QMPError, OSError, TimeoutError) as e:
+                refused = isinstance(e, ConnectionRefusedError) or "refused" in str(e)
+                if not refused or time.monotonic() > deadline or not self.alive():
+                    raise VMError(f"{self.name}: cannot connect to QMP: {e}") from e
+                await asyncio.sleep(0.05)
         self.qmp = client
 
     async def cmd(self, command: str, **args: Any) -> Any:
