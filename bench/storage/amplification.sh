@@ -16,7 +16,7 @@ for gran in 64K 1M; do
             echo "== $name" >&2
             "$livemig" migrate -q --memory 512M --link 1gbit --storage copy \
                 --workload "mem:size=128M,rate=32M,hot=80/10+disk:bs=$bs,rate=2M" \
-                --bandwidth 24M --set "disk-granularity=$gran" --max-time 300 \
+                --bandwidth 24M --set "disk-granularity=$gran" --max-time 150 \
                 --report "$out/$name.json" > "$out/$name.txt" 2>&1 || true
         done
     done
