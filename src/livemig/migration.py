@@ -719,6 +719,12 @@ class Migration:
                 self.event("disk compared", **self.disk_check.as_dict())
             await self.dst.cmd("cont")
             self.t_cont = time.time()
+            if self.opts.testbed:
+                # QEMU announced the guest's MAC when the migration completed, while we
+                # held the guest; say it again now that it runs, so switches learn it
+                with contextlib.suppress(VMError):
+                    await self.dst.cmd("announce-self", initial=50, max=550, rounds=5,
+                                       step=100)
         self.result = Outcome("completed")
         self._to(Phase.SETTLING)
         taps_before = self._tap_counters()
