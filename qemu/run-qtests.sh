@@ -8,12 +8,14 @@ root=$(cd "$here/.." && pwd)
 stamp="$root/build/qemu/stamp"
 args=()
 usage() {
-    echo "usage: qemu/run-qtests.sh [--full] [-p TESTPATH]... [--upstream]"
-    echo "  default: the quick set; --full: all; -p: only tests under TESTPATH"
+    echo "usage: qemu/run-qtests.sh [--full] [--slow] [-p TESTPATH]... [--upstream]"
+    echo "  default: the quick set; --full: all but the slow ones; --slow: also those"
+    echo "  (auto_converge, xbzrle: -m slow); -p: only tests under TESTPATH"
 }
 while (($#)); do
     case $1 in
         --full) args+=(--full); shift ;;
+        --slow) args+=(--full -m slow); shift ;;
         -p) args+=(-p "$2"); shift 2 ;;
         --upstream) stamp="$root/build/qemu-upstream/stamp"; shift ;;
         -h|--help) usage; exit 0 ;;
