@@ -35,7 +35,8 @@ def test_busy_vm_over_1gbit_shared_storage_network_follows(tmp_path):
 def test_cross_storage_copy_with_disk_workload(tmp_path):
     r = run_migrate(tmp_path, "--memory", MEM, "--storage", "copy", "--disk-size", "128M",
                     "--workload", "mem:size=128M,rate=32M,hot=80/10+disk:bs=8K,rate=2M",
-                    "--set", "disk-granularity=64K", "--max-time", "150")
+                    "--set", "disk-granularity=64K", "--set", "disk-copy-mode=background",
+                    "--max-time", "150")
     rep = r.report
     assert r.rc == 0, rep.get("reason")
     assert rep["consistency"]["ram"] == "ok"

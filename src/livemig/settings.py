@@ -101,7 +101,7 @@ PROFILES: dict[str, dict[str, str]] = {
     "livemig": {"encoding": "auto", "throttle": "reference",
                 "downtime-ramp": "on", "max-downtime": "1000", "on-stall": "force",
                 "io-qos": "on", "pin": "auto", "disk-schedule": "first",
-                "disk-granularity": "auto"},
+                "disk-granularity": "auto", "disk-copy-mode": "write-blocking"},
 }
 # livemig plus QEMU's hot-page deferral (patch 3/4) at the reference's 30 %: kept apart
 # until a benchmark shows it pays (docs/results/)
