@@ -83,6 +83,7 @@ class Hop:
     detected_by_guest: int = 0
     unexplained: int = 0
     guest_errors: int = 0
+    t0: float = 0.0  # when the hop began (guest reports before it belong to earlier hops)
 
     def as_dict(self) -> dict[str, Any]:
         r = self.report
@@ -184,6 +185,7 @@ class PingPong:
             await mig.run()
         finally:
             self.current = None
+        hop.t0 = mig.t0
         hop.report = build_report(mig)
         hop.injected = list(mig.injected)
         handed = mig.handed_over()
@@ -229,14 +231,13 @@ class PingPong:
         agent = self.running.agent if self.running else None
         if agent is None:
             return []
-        t0 = time.time() - (hop.report.get("total_time_s") or 0) - 60
         if hop.injected:
-            t0 = min(f["t"] for f in hop.injected)
+            t_inj = min(f["t"] for f in hop.injected)
             deadline = time.monotonic() + GUEST_DETECT_TIMEOUT_S
             while time.monotonic() < deadline and len(
-                    [e for e in agent.verify_errors if e["t"] >= t0]) < len(hop.injected):
+                    [e for e in agent.verify_errors if e["t"] >= t_inj]) < len(hop.injected):
                 await asyncio.sleep(0.1)
-        return [e for e in agent.verify_errors if e["t"] >= t0]
+        return [e for e in agent.verify_errors if e["t"] >= hop.t0]
 
     async def _stop_guest(self) -> None:
         if self.running is None:
