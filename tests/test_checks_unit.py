@@ -74,7 +74,6 @@ def test_magic_matches_the_guest_checker():
 def test_probe_gap_and_loss():
     st = ProbeStats()
     st.sent_at = [float(i) * 0.01 for i in range(100)]
-    st.sent = 100
     # replies to everything but probes 40..59 (a 0.2 s outage)
     st.replies = [(i * 0.01 + 0.001, i) for i in range(100) if not 40 <= i < 60]
     gap, start = st.longest_gap(0.0, 1.0)

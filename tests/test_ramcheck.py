@@ -1,6 +1,7 @@
 import os
 
-from livemig.ramcheck import compare_ram, corrupt_byte, gpa_to_offset, offset_to_gpa
+from livemig.faults import flip_byte
+from livemig.ramcheck import compare_ram, gpa_to_offset, offset_to_gpa
 
 
 def _pair(tmp_path, size):
@@ -19,7 +20,7 @@ def test_identical(tmp_path):
 
 def test_one_flipped_byte_is_named(tmp_path):
     a, b = _pair(tmp_path, 8 << 20)
-    corrupt_byte(b, 0x5A3123, 8 << 20)
+    flip_byte(b, gpa_to_offset(0x5A3123, 8 << 20))
     res = compare_ram(a, b, 8 << 20)
     assert not res.ok and res.mismatched_pages == 1
     assert res.first_mismatches == [0x5A3000]

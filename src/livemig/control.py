@@ -39,13 +39,13 @@ from livemig.policy.base import (
 from livemig.policy.convergence import DowntimeRamp, LastResort
 from livemig.policy.disk import IoQos, LinkShare
 from livemig.policy.throttle import ThrottlePolicy
+from livemig.storage import JOB as MIRROR_JOB
 
 log = logging.getLogger(__name__)
 
 # The patched QEMU's direct throttle knob (qemu/patches): a lease, renewed every poll.
 DIRECT_KNOB = "cpu-throttle-direct"
 THROTTLES = ("off", "auto-converge", "reference", "direct", "staged", "dirty-limit")
-MIRROR_JOB = "livemig-mirror"  # livemig.storage.JOB
 # the guest disk's QOM path (livemig.vm: -device virtio-blk-pci,id=vdisk0; the block
 # backend hangs off the inner virtio device)
 GUEST_DISK = "/machine/peripheral/vdisk0/virtio-backend"

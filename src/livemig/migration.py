@@ -41,7 +41,7 @@ from livemig.progress import Progress
 from livemig.ramcheck import RamComparison, compare_ram, gpa_to_offset
 from livemig.settings import Resolved, resolve
 from livemig.spec import Workload
-from livemig.storage import DiskMirror
+from livemig.storage import DiskMirror, blockstats
 from livemig.testbed import netns, topology
 from livemig.testbed.probe import Prober
 from livemig.vm import VM, Disk, VMConfig, is_migration_thread
@@ -237,11 +237,7 @@ class Migration:
             self._mem_files.append(self.src.config.mem_path)
             self.t_ready = time.time()
         else:
-            self.src = VM(self._vm_config("src", src_disks, incoming=False))
-            self.src.start()
-            await self.src.connect()
-            self.src_agent = AgentLink("src", self.src.config.agent_path)
-            await self.src_agent.connect()
+            self.src, self.src_agent = await self._launch("src", src_disks, incoming=False)
             await self._check_interrupt()
             self.progress.step(f"source booting, workload {o.workload.text}")
             await self._wait_ready()
@@ -249,11 +245,7 @@ class Migration:
             await self._start_probes()
         await self._choose_encoding()
         self.resolved = await self._resolve_settings()
-        self.dst = VM(self._vm_config("dst", dst_disks, incoming=True))
-        self.dst.start()
-        await self.dst.connect()
-        self.dst_agent = AgentLink("dst", self.dst.config.agent_path)
-        await self.dst_agent.connect()
+        self.dst, self.dst_agent = await self._launch("dst", dst_disks, incoming=True)
         await self._apply_settings()
         await self._make_controller()
         host = topology.MIG_ADDR[o.dst_host] if o.testbed else "127.0.0.1"
@@ -289,6 +281,19 @@ class Migration:
             raise VMError(f"migration {status}: {self.final_stats.get('error-desc', '?')}")
 
     # -- steps ------------------------------------------------------------------------
+    async def _launch(self, name: str, disks: list[Disk],
+                      incoming: bool) -> tuple[VM, AgentLink]:
+        """Start one end's QEMU and connect to its monitor and its guest agent. The
+        attributes are set as soon as each exists, so cleanup finds them on failure."""
+        vm = VM(self._vm_config(name, disks, incoming))
+        setattr(self, name, vm)
+        vm.start()
+        await vm.connect()
+        agent = AgentLink(name, vm.config.agent_path)
+        setattr(self, f"{name}_agent", agent)
+        await agent.connect()
+        return vm, agent
+
     def _make_disks(self) -> tuple[list[Disk], list[Disk]]:
         """Shared storage: one image both hosts open. Copy: one image per host, the
         destination's empty until the mirror fills it."""
@@ -356,7 +361,7 @@ class Migration:
         gran = lm["disk-granularity"]
         why = "set explicitly"
         if gran == "auto":
-            st = await _blockstats(self.src)
+            st = await blockstats(self.src.cmd)
             gran = choose_granularity(st.get("wr_bytes", 0), st.get("wr_operations", 0))
             avg = st.get("wr_bytes", 0) / max(st.get("wr_operations", 0), 1)
             why = (f"auto: guest writes average {avg / 1024:.1f} KiB over "
@@ -385,12 +390,8 @@ class Migration:
             await self._observe_disk(now)
             if not frozen and self.controller is not None and self.controller.active:
                 assert self.t_migrate is not None
-                await self.controller.tick(Snapshot(
-                    t=now - self.t_migrate, rounds=0, remaining=0, dirty_rate=0.0,
-                    bandwidth=0.0, disk_remaining=self._disk_obs["remaining"],
-                    disk_total=self._disk_obs["total"], disk_ready=False,
-                    disk_dirty_rate=self._disk_obs.get("dirty_rate"),
-                    disk_write_rate=self._disk_obs.get("write_rate")), self.src.cmd)
+                await self.controller.tick(Snapshot.from_query_migrate(
+                    now - self.t_migrate, {}, self._disk_obs), self.src.cmd)
             if job.get("ready"):
                 self.event("disk mirror ready", offset=job["offset"], len=job["len"])
                 return
@@ -981,14 +982,6 @@ def fill_image(path: Path, size: int) -> None:
     with open(path, "r+b") as f:
         for off in range(0, size, len(chunk)):
             f.write(off.to_bytes(8, "little") + chunk[8:min(len(chunk), size - off)])
-
-
-async def _blockstats(vm: VM) -> dict[str, int]:
-    """The guest disk's cumulative write counters (query-blockstats)."""
-    for s in await vm.cmd("query-blockstats"):
-        if s.get("node-name") == "disk0" or "vdisk0" in str(s.get("qdev", "")):
-            return {k: int(v) for k, v in s.get("stats", {}).items() if isinstance(v, int)}
-    return {}
 
 
 def _free_port() -> int:

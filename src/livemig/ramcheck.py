@@ -85,14 +85,3 @@ def compare_ram(src: Path, dst: Path, ram_size: int) -> RamComparison:
     res.seconds = time.monotonic() - t0
     return res
 
-
-def corrupt_byte(path: Path, gpa: int, ram_size: int) -> None:
-    """Fault injection: flip one byte of guest RAM in a backing file."""
-    off = gpa_to_offset(gpa, ram_size)
-    with open(path, "r+b") as f:
-        f.seek(off)
-        b = f.read(1)
-        if not b:
-            raise LivemigError(f"guest address {gpa:#x} is beyond RAM")
-        f.seek(off)
-        f.write(bytes([b[0] ^ 0xFF]))

@@ -33,12 +33,10 @@ class MirrorStats:
     started: float = 0.0
     ready_at: float | None = None
     finished_at: float | None = None
-    len_at_ready: int = 0
     offset_at_ready: int = 0
     guest_written_at_ready: int = 0
     offset_final: int | None = None
     guest_written_final: int | None = None
-    total_len: int = 0
 
     def as_report(self) -> dict[str, Any]:
         after = None if self.offset_final is None else self.offset_final - self.offset_at_ready
@@ -61,6 +59,14 @@ class MirrorStats:
                     self.finished_at - self.started, 3),
             },
         }
+
+
+async def blockstats(cmd: Cmd, node: str = "disk0") -> dict[str, int]:
+    """The guest disk's cumulative counters (query-blockstats): wr_bytes, ..."""
+    for s in await cmd("query-blockstats"):
+        if s.get("node-name") == node or "vdisk0" in str(s.get("qdev", "")):
+            return {k: int(v) for k, v in s.get("stats", {}).items() if isinstance(v, int)}
+    return {}
 
 
 class DiskMirror:
@@ -102,11 +108,7 @@ class DiskMirror:
         return None
 
     async def guest_written(self) -> int:
-        for s in await self.src("query-blockstats"):
-            if s.get("node-name") == self.node or str(s.get("qdev", "")).startswith(
-                    "/machine/peripheral/vdisk0"):
-                return int(s["stats"]["wr_bytes"])
-        return 0
+        return (await blockstats(self.src)).get("wr_bytes", 0)
 
     async def poll(self) -> dict[str, Any] | None:
         """The job's state; records the end of the first full pass."""
@@ -119,7 +121,6 @@ class DiskMirror:
         if j.get("ready") and self.stats.ready_at is None:
             self.stats.ready_at = time.time()
             self.stats.offset_at_ready = int(j["offset"])
-            self.stats.len_at_ready = int(j["len"])
             self.stats.guest_written_at_ready = await self.guest_written()
         return j
 
@@ -151,7 +152,6 @@ class DiskMirror:
         if ev["event"] != "BLOCK_JOB_COMPLETED" or data.get("error"):
             raise VMError(f"disk mirror ended badly: {data.get('error', ev['event'])}")
         self.stats.offset_final = int(data["offset"])
-        self.stats.total_len = int(data["len"])
         self.stats.finished_at = time.time()
         self.active = False
         await self.src("blockdev-del", **{"node-name": TARGET})

@@ -26,7 +26,6 @@ _MAGIC = b"lmpb"
 
 @dataclass
 class ProbeStats:
-    sent: int = 0
     sent_at: list[float] = field(default_factory=list)  # by sequence number
     replies: list[tuple[float, int]] = field(default_factory=list)  # (arrival, seq)
 
@@ -38,6 +37,10 @@ class ProbeStats:
         edges = [start, *times, end]
         best = max(range(len(edges) - 1), key=lambda i: edges[i + 1] - edges[i])
         return edges[best + 1] - edges[best], edges[best]
+
+    @property
+    def sent(self) -> int:
+        return len(self.sent_at)
 
     def lost(self, excluding: tuple[float, float] | None = None) -> int:
         """Probes never answered, leaving out those sent inside ``excluding``."""
@@ -91,7 +94,6 @@ class Prober:
             with contextlib.suppress(OSError):  # no route / buffer full: counts as lost
                 self._sock.sendto(struct.pack(_FMT, _MAGIC, seq, now), self.target)
             self.stats.sent_at.append(now)
-            self.stats.sent += 1
             seq += 1
             next_t += self.interval
             delay = next_t - time.monotonic()
@@ -111,15 +113,6 @@ class Prober:
                 magic, seq, _ = struct.unpack(_FMT, data[:size])
                 if magic == _MAGIC:
                     self.stats.replies.append((time.time(), seq))
-
-    def wait_reply(self, timeout: float) -> bool:
-        """True once the guest has answered at least once (it is reachable)."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.stats.replies:
-                return True
-            time.sleep(0.02)
-        return False
 
     def summary(self, start: float, end: float,
                 hold: tuple[float, float] | None = None) -> dict[str, Any]:

@@ -216,9 +216,11 @@ def locked() -> Iterator[None]:
 
 def tap_counters(side: str) -> dict[str, int]:
     """Packets through a host's tap: rx = sent by the guest, tx = sent to it."""
-    out: dict[str, int] = {}
-    for key in ("rx_packets", "tx_packets"):
-        text = netns.run("cat", f"/sys/class/net/{TAP}/statistics/{key}",
-                         ns=HOSTS[side], check=False).strip()
-        out[key] = int(text) if text.isdigit() else -1
-    return out
+    text = netns.run("ip", "-j", "-s", "link", "show", "dev", TAP, ns=HOSTS[side],
+                     check=False)
+    try:
+        stats = json.loads(text)[0]["stats64"]
+    except (ValueError, LookupError):
+        return {"rx_packets": -1, "tx_packets": -1}
+    return {"rx_packets": int(stats["rx"]["packets"]),
+            "tx_packets": int(stats["tx"]["packets"])}
