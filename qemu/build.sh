@@ -164,7 +164,7 @@ step_done fetch
 # ---- build dependencies ------------------------------------------------------------
 deps=(libglib2.0-dev libpixman-1-dev ninja-build pkg-config libzstd-dev liblz4-dev
       zlib1g-dev flex bison libslirp-dev libaio-dev libcap-ng-dev libfdt-dev ccache
-      python3-venv xz-utils patch seabios ipxe-qemu qemu-system-data)
+      python3-venv xz-utils patch seabios ipxe-qemu qemu-system-data device-tree-compiler)
 missing=()
 for p in "${deps[@]}"; do
     [[ $(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null) == installed ]] || missing+=("$p")

@@ -18,6 +18,10 @@ KERNEL = ROOT / "build" / "guest" / "vmlinuz"
 INITRD = ROOT / "build" / "guest" / "initrd.img"
 
 
+# parallel runs (several checkouts on one machine) queue for the testbed
+os.environ.setdefault("LIVEMIG_TESTBED_WAIT", "900")
+
+
 def _have_vm_prereqs() -> str | None:
     for p in (QEMU, KERNEL, INITRD):
         if not p.exists():

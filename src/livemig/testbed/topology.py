@@ -199,16 +199,25 @@ def status() -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def locked() -> Iterator[None]:
-    """One user of the testbed at a time (a second one gets a clear error)."""
+def locked(wait: float | None = None) -> Iterator[None]:
+    """One user of the testbed at a time. A second one waits up to ``wait`` seconds
+    (default ``LIVEMIG_TESTBED_WAIT``, 0 = fail at once) and then gets a clear
+    error; test suites set a wait so that parallel runs queue instead of failing."""
+    if wait is None:
+        wait = float(os.environ.get("LIVEMIG_TESTBED_WAIT", "0") or 0)
     lock_file().parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_file(), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SetupError("the testbed is in use by another livemig run "
-                             f"(lock {lock_file()})") from None
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise SetupError("the testbed is in use by another livemig run "
+                                     f"(lock {lock_file()})") from None
+                time.sleep(0.2)
         yield
     finally:
         os.close(fd)
