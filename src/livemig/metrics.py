@@ -102,15 +102,47 @@ class WorkloadStats:
     mean_rate_during: float | None
     seconds_below_10pct: float | None
     seconds_below_50pct: float | None
+    work_lost_s: float | None = None
+    baseline_spread_pct: float | None = None
 
     def as_dict(self) -> dict[str, float | None]:
         return {
             "baseline_rate": self.baseline_rate,
+            "baseline_spread_pct": self.baseline_spread_pct,
             "min_rate": self.min_rate,
             "mean_rate_during": self.mean_rate_during,
             "seconds_below_10pct": self.seconds_below_10pct,
             "seconds_below_50pct": self.seconds_below_50pct,
+            "work_lost_s": self.work_lost_s,
         }
+
+
+def work_lost(rates: Sequence[float], baseline: float, bin_s: float = BIN_S) -> float:
+    """Seconds of guest work lost: the integral of max(0, 1 - rate/normal) over the
+    bins. It counts depth and duration together: 2 s at 50 % and 1 s at 0 % both lose
+    1 s; a rate above normal (catching up after a pause) does not pay back a loss."""
+    if baseline <= 0:
+        return 0.0
+    return sum(max(0.0, 1.0 - r / baseline) for r in rates) * bin_s
+
+
+SPREAD_WINDOW_S = 1.0  # the normal rate's spread is judged over 1 s windows
+
+
+def spread_pct(samples: Sequence[RateSample], start: float, end: float,
+               window_s: float = SPREAD_WINDOW_S) -> float | None:
+    """How steady the normal rate is: the relative standard deviation (%) of the
+    throughput in ``window_s`` windows over [start, end]; None with under 2 windows.
+    Two runs' work-lost figures compare only when this is small against them."""
+    series = rate_series(samples, start, end, window_s)
+    rates = [r for _, r in series]
+    if len(rates) < 2:
+        return None
+    mean = sum(rates) / len(rates)
+    if mean <= 0:
+        return None
+    var = sum((r - mean) ** 2 for r in rates) / (len(rates) - 1)
+    return round(100.0 * var ** 0.5 / mean, 1)
 
 
 def workload_stats(
@@ -126,17 +158,21 @@ def workload_stats(
     if exclude is not None:
         lo, hi = exclude
         series = [(t, r) for t, r in series if t + BIN_S <= lo or t >= hi]
+    spread = spread_pct(samples, baseline_start, start)
     if not series:
-        return WorkloadStats(baseline, None, None, None, None)
+        return WorkloadStats(baseline, None, None, None, None, None, spread)
     rates = [r for _, r in series]
-    below10 = below50 = None
+    below10 = below50 = lost = None
     if baseline:
         below10 = round(sum(BIN_S for r in rates if r < 0.1 * baseline), 3)
         below50 = round(sum(BIN_S for r in rates if r < 0.5 * baseline), 3)
+        lost = round(work_lost(rates, baseline), 3)
     return WorkloadStats(
         baseline_rate=baseline,
         min_rate=min(rates),
         mean_rate_during=sum(rates) / len(rates),
         seconds_below_10pct=below10,
         seconds_below_50pct=below50,
+        work_lost_s=lost,
+        baseline_spread_pct=spread,
     )
