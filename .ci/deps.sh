@@ -3,7 +3,7 @@
 # image's build dependencies are installed by their own scripts). Idempotent.
 set -euo pipefail
 want=(python3-venv iproute2 iputils-ping zstd seabios ipxe-qemu qemu-system-data
-      busybox-static cpio gzip kmod util-linux)
+      busybox-static cpio gzip kmod util-linux mmdebstrap e2fsprogs)
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
