@@ -1,0 +1,62 @@
+"""The service load generators' output parsers and the service workload specs (no VM)."""
+
+import json
+
+import pytest
+
+from livemig.errors import UsageError
+from livemig.services import pgbench, redisload
+from livemig.services.client import ClientSeries
+from livemig.spec import parse_workload
+
+
+def test_pgbench_progress_and_errors():
+    s = ClientSeries()
+    lines = [
+        "progress: 7.0 s, 91.0 tps, lat 40.599 ms stddev 15.140, 0 failed",
+        "progress: 8.0 s, 0.0 tps, lat NaN ms stddev NaN, 0 failed",
+        "progress: 9.0 s, 31.0 tps, lat 128.038 ms stddev 21.600, 2 failed",
+        "pgbench: error: client 3 aborted in command 4 (SQL) of script 0; perhaps the "
+        "backend died while processing",
+        "some banner line",
+    ]
+    for k, line in enumerate(lines):
+        pgbench.parse_line(line, 100.0 + k, s)
+    assert [t.ops for t in s.ticks] == [91.0, 0.0, 31.0]
+    assert s.ticks[1].latency_ms is None and s.ticks[2].failed == 2
+    assert s.errors == 2 and s.disconnects == 1 and "aborted" in s.messages[0]
+    cum = s.cumulative()
+    assert cum[0] == (99.0, 0.0) and cum[-1] == (102.0, 122.0)
+
+
+def test_redisload_lines():
+    s = ClientSeries()
+    redisload.parse_line(json.dumps({"t": 1, "ops": 4000, "errors": 0, "disconnects": 0,
+                                     "lat_ms": 1.2}), 10.0, s)
+    redisload.parse_line(json.dumps({"error": "connection: reset"}), 10.5, s)
+    redisload.parse_line(json.dumps({"t": 2, "ops": 10, "errors": 1, "disconnects": 1,
+                                     "lat_ms": None}), 11.0, s)
+    redisload.parse_line(json.dumps({"check": {"keys": 5, "bad": 0, "missing": 1}}), 12.0, s)
+    assert [t.ops for t in s.ticks] == [4000.0, 10.0]
+    assert s.errors == 1 and s.disconnects == 1 and s.messages == ["connection: reset"]
+    assert s.check == {"keys": 5, "bad": 0, "missing": 1}
+
+
+def test_redis_values_are_deterministic_and_mixed():
+    a = redisload.value_for("k", 7, 0, 1024)
+    assert a == redisload.value_for("k", 7, 0, 1024) and len(a) == 1024
+    assert a != redisload.value_for("k", 8, 0, 1024)
+    assert a != redisload.value_for("k", 7, 1, 1024)
+    assert a[:8].isascii() and len(set(a[512:])) > 100  # text half, random half
+
+
+def test_service_specs():
+    w = parse_workload("pgbench:scale=10,clients=8")
+    assert w.service is not None and w.service.image == "postgres"
+    assert w.service.image_params == ("scale=10",) and not w.is_idle
+    r = parse_workload("redis:keys=1000,clients=2,value=512,reads=90").service
+    assert r is not None and (r.keys, r.clients, r.value, r.reads) == (1000, 2, 512, 90)
+    for bad in ("pgbench:scale=0", "redis:foo=1", "pgbench+idle", "redis:reads=101",
+                "mem:size=1M+redis"):
+        with pytest.raises(UsageError):
+            parse_workload(bad)
