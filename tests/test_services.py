@@ -60,3 +60,22 @@ def test_service_specs():
                 "mem:size=1M+redis"):
         with pytest.raises(UsageError):
             parse_workload(bad)
+
+
+def test_client_workload_figures():
+    from livemig.services.client import Tick
+    from livemig.services.figures import client_workload
+    s = ClientSeries()
+    # 100 tps for 10 s, 0 for 2 s (the switchover), 100 tps again
+    for k in range(1, 11):
+        s.ticks.append(Tick(float(k), 100.0, 10.0))
+    s.ticks += [Tick(11.0, 0.0, None), Tick(12.0, 0.0, None)]
+    for k in range(13, 18):
+        s.ticks.append(Tick(float(k), 100.0, 10.0))
+    wl = client_workload(s, "transactions", 1.0, 8.0, 17.0)
+    assert abs(wl["baseline_rate"] - 100.0) < 1
+    assert wl["unit"] == "transactions/s" and wl["client_errors"] == 0
+    assert wl["longest_stall_s"] == 2.0
+    assert 1.5 <= wl["work_lost_s"] <= 2.5
+    assert 1.5 <= wl["seconds_below_10pct"] <= 2.5
+    assert wl["per_second"][0]["rate"] == 100.0

@@ -10,8 +10,19 @@ import bisect
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from livemig.agent import RateSample
+
+class WorkSample(Protocol):
+    """A cumulative work counter at a host time: the guest agent's rate reports
+    (bytes dirtied and written) or a service client's completed operations."""
+
+    @property
+    def t(self) -> float: ...
+
+    @property
+    def work(self) -> float: ...
+
 
 BIN_S = 0.1  # throughput is judged in 100 ms bins, the agent's report period
 
@@ -45,18 +56,18 @@ def longest_gap(times: Sequence[float], start: float, end: float) -> Gap | None:
     return best
 
 
-def merged_counter(samples: Sequence[RateSample]) -> list[tuple[float, int]]:
+def merged_counter(samples: Sequence[WorkSample]) -> list[tuple[float, float]]:
     """(time, cumulative work) merged over channels, sorted, made monotonic."""
-    pts = sorted((s.t, s.work) for s in samples)
-    out: list[tuple[float, int]] = []
-    high = 0
+    pts = sorted((s.t, float(s.work)) for s in samples)
+    out: list[tuple[float, float]] = []
+    high = 0.0
     for t, w in pts:
         high = max(high, w)
         out.append((t, high))
     return out
 
 
-def _value_at(pts: Sequence[tuple[float, int]], times: Sequence[float], t: float) -> float:
+def _value_at(pts: Sequence[tuple[float, float]], times: Sequence[float], t: float) -> float:
     k = bisect.bisect_left(times, t)
     if k <= 0:
         return float(pts[0][1])
@@ -69,7 +80,7 @@ def _value_at(pts: Sequence[tuple[float, int]], times: Sequence[float], t: float
 
 
 def rate_series(
-    samples: Sequence[RateSample], start: float, end: float, bin_s: float = BIN_S
+    samples: Sequence[WorkSample], start: float, end: float, bin_s: float = BIN_S
 ) -> list[tuple[float, float]]:
     """Throughput (bytes/s) in consecutive bins over [start, end], interpolated from
     the cumulative counters; bins inside a silence get the little the counter moved."""
@@ -88,7 +99,7 @@ def rate_series(
     return out
 
 
-def average_rate(samples: Sequence[RateSample], start: float, end: float) -> float | None:
+def average_rate(samples: Sequence[WorkSample], start: float, end: float) -> float | None:
     pts = merged_counter([s for s in samples if start <= s.t <= end])
     if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
         return None
@@ -129,7 +140,7 @@ def work_lost(rates: Sequence[float], baseline: float, bin_s: float = BIN_S) -> 
 SPREAD_WINDOW_S = 1.0  # the normal rate's spread is judged over 1 s windows
 
 
-def spread_pct(samples: Sequence[RateSample], start: float, end: float,
+def spread_pct(samples: Sequence[WorkSample], start: float, end: float,
                window_s: float = SPREAD_WINDOW_S) -> float | None:
     """How steady the normal rate is: the relative standard deviation (%) of the
     throughput in ``window_s`` windows over [start, end]; None with under 2 windows.
@@ -146,7 +157,7 @@ def spread_pct(samples: Sequence[RateSample], start: float, end: float,
 
 
 def workload_stats(
-    samples: Sequence[RateSample], baseline_start: float, start: float, end: float,
+    samples: Sequence[WorkSample], baseline_start: float, start: float, end: float,
     exclude: tuple[float, float] | None = None,
 ) -> WorkloadStats:
     """Baseline from [baseline_start, start); dips judged over [start, end].

@@ -24,6 +24,14 @@ class Tick:
     failed: int = 0  # operations that failed in the interval
 
 
+@dataclass(frozen=True)
+class WorkSample:
+    """Operations completed so far at host time ``t`` (metrics.WorkSample)."""
+
+    t: float
+    work: float
+
+
 @dataclass
 class ClientSeries:
     """What the client saw: per-second ticks, errors, disconnects, final checks."""
@@ -43,6 +51,9 @@ class ClientSeries:
             total += tk.ops
             out.append((tk.t, total))
         return out
+
+    def samples(self) -> list[WorkSample]:
+        return [WorkSample(t, w) for t, w in self.cumulative()]
 
     def note(self, message: str) -> None:
         if len(self.messages) < 20:
