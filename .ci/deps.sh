@@ -15,3 +15,5 @@ if ((${#missing[@]})); then
 else
     echo "== apt: packages present"
 fi
+# pgbench for the client host (service guests), without a PostgreSQL server here
+bash "$(dirname "$0")/../scripts/client-tools.sh" > /dev/null

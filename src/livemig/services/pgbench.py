@@ -4,6 +4,7 @@ PostgreSQL: TPC-B-like transactions, a progress line every second."""
 from __future__ import annotations
 
 import glob
+import os
 import re
 import shutil
 from pathlib import Path
@@ -19,14 +20,17 @@ ABORTED = re.compile(r"client \d+ aborted|connection to server .* failed|"
 
 
 def find_pgbench() -> Path:
-    """Debian installs pgbench outside PATH, per PostgreSQL version."""
+    """Debian installs pgbench outside PATH, per PostgreSQL version; without the
+    server package, scripts/client-tools.sh puts it in livemig's cache."""
     found = shutil.which("pgbench")
     if found:
         return Path(found)
-    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/pgbench"))
+    cache = Path(os.environ.get("LIVEMIG_CACHE", Path.home() / ".cache" / "livemig"))
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/pgbench")) + sorted(
+        glob.glob(str(cache / "client-tools" / "usr/lib/postgresql/*/bin/pgbench")))
     if not versions:
-        raise SetupError("pgbench not found: install Debian's postgresql package "
-                         "(make setup does)")
+        raise SetupError("pgbench not found: run 'make setup' (scripts/client-tools.sh "
+                         "takes it out of Debian's postgresql package)")
     return Path(versions[-1])
 
 
