@@ -79,3 +79,17 @@ def test_client_workload_figures():
     assert 1.5 <= wl["work_lost_s"] <= 2.5
     assert 1.5 <= wl["seconds_below_10pct"] <= 2.5
     assert wl["per_second"][0]["rate"] == 100.0
+
+
+def test_the_verification_hold_is_not_a_stall():
+    from livemig.services.client import Tick
+    from livemig.services.figures import client_workload
+    s = ClientSeries()
+    for k in range(1, 11):
+        s.ticks.append(Tick(float(k), 100.0, 10.0))
+    s.ticks += [Tick(11.0, 0.0, None), Tick(12.0, 0.0, None), Tick(13.0, 0.0, None)]
+    for k in range(14, 18):
+        s.ticks.append(Tick(float(k), 100.0, 10.0))
+    wl = client_workload(s, "transactions", 1.0, 8.0, 17.0, exclude=(11.5, 13.0))
+    assert wl["longest_stall_s"] == 1.0  # only the second before the hold
+    assert sum(1 for p in wl["per_second"] if p.get("held_for_verification")) == 2
