@@ -317,6 +317,7 @@ def plot(out_dir: Path, name: str, runs: dict[str, list[dict[str, Any]]],
         return []
     out: list[Path] = []
     fig, axes = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    unit = None
     for i, (profile, reports) in enumerate(runs.items()):
         rep = _median_run(reports)
         if rep is None:
@@ -324,14 +325,21 @@ def plot(out_dir: Path, name: str, runs: dict[str, list[dict[str, Any]]],
         color = f"C{i}"
         tl = rep["timeline"]
         t = [s["t"] for s in tl]
-        axes[0].plot(t, [s.get("guest_rate_pct") or 0 for s in tl], label=profile,
-                     color=color)
+        per_second = rep["workload"].get("per_second")
+        if per_second:  # a service: what its client saw, every second (TPS, ops/s)
+            unit = rep["workload"].get("unit")
+            axes[0].plot([p["t"] for p in per_second], [p["rate"] for p in per_second],
+                         label=profile, color=color, marker=".")
+        else:
+            axes[0].plot(t, [s.get("guest_rate_pct") or 0 for s in tl], label=profile,
+                         color=color)
         axes[1].plot(t, [(s["remaining"] or 0) / (1 << 20) for s in tl], color=color)
         sw = switchover_t(rep)
         if sw is not None:
             for ax in axes:
                 ax.axvline(sw, color=color, linestyle="--", linewidth=0.8)
-    axes[0].set_ylabel("guest throughput (% of normal)")
+    axes[0].set_ylabel(f"client throughput ({unit})" if unit
+                       else "guest throughput (% of normal)")
     axes[1].set_ylabel("remaining RAM (MiB)")
     axes[1].set_xlabel("seconds since migration start (dashed: switchover)")
     axes[0].legend()
