@@ -160,7 +160,7 @@ def test_lz4_multifd_with_bypass_is_consistent(tmp_path):
 def test_hot_page_deferral_is_consistent(tmp_path):
     r = run_migrate(tmp_path, "--memory", MEM, "--workload", "mem:size=320M,rate=160M",
                     "--bandwidth", "128M", "--profile", "livemig",
-                    "--set", "hot-page-defer-percent=30", "--max-time", "150")
+                    "--set", "x-hot-page-defer-percent=30", "--max-time", "150")
     rep = r.report
     assert r.rc == 0, rep.get("reason")
     assert rep["consistency"]["ram"] == "ok"
@@ -170,11 +170,11 @@ def test_hot_page_deferral_is_consistent(tmp_path):
 
 
 def test_issue4_done_when_lz4_and_deferral_together(tmp_path):
-    """`livemig migrate --set multifd-compression=lz4 --set hot-page-defer-percent=30`
+    """`livemig migrate --set multifd-compression=lz4 --set x-hot-page-defer-percent=30`
     (the series' acceptance command): lz4 implies multifd; consistent."""
     r = run_migrate(tmp_path, "--memory", MEM, "--workload", "mem:size=256M,rate=96M",
                     "--bandwidth", "96M", "--set", "multifd-compression=lz4",
-                    "--set", "hot-page-defer-percent=30", "--max-time", "150")
+                    "--set", "x-hot-page-defer-percent=30", "--max-time", "150")
     rep = r.report
     assert r.rc == 0, rep.get("reason")
     assert rep["consistency"]["ram"] == "ok"
