@@ -124,7 +124,7 @@ def test_dead_destination_fails_and_source_keeps_running(tmp_path):
 
 def test_livemig_profile_converges_flat_out_writer_with_direct_throttle(tmp_path):
     """A writer far faster than the link: stock pre-copy never finishes (see the abort
-    test); the reference throttle through the patched knob makes it converge.
+    test); the reference throttle through the patched set-cpu-throttle makes it converge.
 
     Uniform writes and xbzrle off: with a hot set, xbzrle alone sometimes converges
     it on a fast machine, and then the test would not be about the throttle."""
