@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from livemig.errors import UsageError
-from livemig.migration import MigrateOptions, Migration
+from livemig.lab.run import LabRun, MigrateOptions
 from livemig.progress import Progress
-from livemig.report import build_report, write_report
+from livemig.report import write_report
 from livemig.settings import PROFILES, merge
 from livemig.spec import parse_workload
 from livemig.units import parse_link_rate, parse_size
@@ -182,10 +182,10 @@ async def run_bench(scenarios: list[Path], out_dir: Path, accel: str, reason: st
         for i in range(n):
             for p in profs:
                 print(f"== bench {sc['name']}: {p} run {i + 1}/{n}", flush=True)
-                mig = Migration(options_for(sc, p, accel, reason, qemu),
+                mig = LabRun(options_for(sc, p, accel, reason, qemu),
                                 Progress(enabled=not quiet))
                 await mig.run()
-                rep = build_report(mig)
+                rep = mig.report()
                 write_report(rep, out_dir / f"{sc['name']}-{p}-{i + 1}.json")
                 runs[p].append(rep)
                 print(f"   {rep['outcome']} in {rep['total_time_s']}s", flush=True)

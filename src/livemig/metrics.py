@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from livemig.agent import RateSample
+from livemig.lab.agent import RateSample
 
 BIN_S = 0.1  # throughput is judged in 100 ms bins, the agent's report period
 

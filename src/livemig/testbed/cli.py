@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from livemig.migration import ensure_root
+from livemig.paths import ensure_root
 from livemig.testbed import linkrate, topology
 from livemig.units import parse_link_rate
 

@@ -1,22 +1,21 @@
-"""The migration orchestrator: boots both ends, migrates, verifies, reports.
+"""A lab run: boot a guest with a workload on the testbed, hand both ends to the
+engine, and measure what only the lab can (guest agent, client probes, disks).
 
-State machine (every transition is logged and put in the timeline)::
+    boot source ─▶ wait for the guest ─▶ probes ─▶ stream encoding ─▶ boot destination
+      ─▶ Engine.run (negotiate, warm-up, disk copy, migrate, monitor, verify, resume)
+      ─▶ after an abort: the source's workload still progresses ─▶ clean up
 
-    INIT ─▶ BOOTING ─▶ WARMUP ─▶ MIGRATING ─▶ SWITCHED ─▶ VERIFYING ─▶ SETTLING ─▶ DONE
-              │           │          │  │                                           ▲
-              │           │          │  └─(max-time, Ctrl-C)─▶ CANCELLING ─▶ SETTLING┤
-              └───────────┴──────────┴───(QEMU error, dead peer)──▶ FAILED ─────────┘
-
-Rollback rule: until the destination has resumed the guest, the source is the VM.
-Whatever goes wrong before that point, the source is left (or put back) running and
-the destination is killed; the report says whether the source really runs on.
+The lab is one caller of :class:`livemig.engine.run.Engine`; it plugs in through
+the engine's :class:`Hooks`: the warm-up, the disk mirror (copied storage), thread
+pinning, guest metrics in the timeline, fault injection before the comparison, the
+disk comparison, the guest's address announcement after the switchover.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
+import dataclasses
 import logging
 import os
 import random
@@ -28,60 +27,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from livemig import faults, metrics, pagesample, paths
-from livemig.agent import AgentLink
-from livemig.control import Controller
-from livemig.diskcheck import DiskComparison, compare_images
+from livemig import metrics, paths
+from livemig.engine.events import EventStream, progress_listener
+from livemig.engine.observe import Observation
+from livemig.engine.plan import Plan
+from livemig.engine.record import MigrationRecord
+from livemig.engine.run import Engine, Hooks, Interrupted
 from livemig.errors import LivemigError, UsageError, VMError
-from livemig.faults import Fault
+from livemig.lab import faults, pagesample
+from livemig.lab.agent import AgentLink
+from livemig.lab.diskcheck import DiskComparison, compare_images
+from livemig.lab.faults import Fault
+from livemig.lab.leftovers import RunState, reap
+from livemig.lab.storage import DiskMirror, blockstats
+from livemig.lab.vm import VM, Disk, VMConfig, is_migration_thread
 from livemig.policy import encoding, pinning
 from livemig.policy.base import Snapshot
 from livemig.policy.disk import choose_granularity
 from livemig.progress import Progress
-from livemig.ramcheck import RamComparison, compare_ram, gpa_to_offset
-from livemig.settings import Resolved, resolve
+from livemig.ramcheck import gpa_to_offset
+from livemig.report import LabFacts, build_report
+from livemig.settings import LIVEMIG_SETTINGS
 from livemig.spec import Workload
-from livemig.storage import DiskMirror, blockstats
 from livemig.testbed import netns, topology
 from livemig.testbed.probe import Prober
-from livemig.vm import VM, Disk, VMConfig, is_migration_thread
 
 log = logging.getLogger(__name__)
 
 BOOT_TIMEOUT_S = 180.0
 GUEST_OVERHEAD = 160 << 20  # kernel + initramfs + agent, on top of the workload's memory
 LINK_EFFICIENCY = 0.93  # TCP payload over a tbf-shaped veth (measured: 93% at 1gbit)
-TERMINAL = ("completed", "failed", "cancelled")
-
-
-class Phase(enum.Enum):
-    INIT = "init"
-    BOOTING = "booting"
-    WARMUP = "warmup"
-    MIGRATING = "migrating"
-    CANCELLING = "cancelling"
-    SWITCHED = "switched"
-    VERIFYING = "verifying"
-    SETTLING = "settling"
-    FAILED = "failed"
-    DONE = "done"
-
-
-_NEXT: dict[Phase, set[Phase]] = {
-    Phase.INIT: {Phase.BOOTING, Phase.FAILED},
-    Phase.BOOTING: {Phase.WARMUP, Phase.FAILED, Phase.CANCELLING},
-    Phase.WARMUP: {Phase.MIGRATING, Phase.FAILED, Phase.CANCELLING},
-    Phase.MIGRATING: {Phase.SWITCHED, Phase.CANCELLING, Phase.FAILED},
-    Phase.CANCELLING: {Phase.SETTLING, Phase.FAILED},
-    Phase.SWITCHED: {Phase.VERIFYING, Phase.SETTLING, Phase.FAILED},
-    Phase.VERIFYING: {Phase.SETTLING, Phase.FAILED},
-    Phase.SETTLING: {Phase.DONE, Phase.FAILED},
-    Phase.FAILED: {Phase.SETTLING, Phase.DONE},
-    Phase.DONE: set(),
-}
-
-
 FAULT_KINDS = faults.KINDS
+
+__all__ = ["FAULT_KINDS", "Fault", "Interrupted", "LabRun", "MigrateOptions", "Running"]
 
 
 @dataclass
@@ -115,6 +93,17 @@ class MigrateOptions:
     images: tuple[Path, Path] | None = None  # disk images owned by the caller
     testbed_held: bool = False  # the caller holds the testbed lock
 
+    def plan(self, uri: str = "") -> Plan:
+        """The engine's plan; validated before anything boots."""
+        disk_link = None
+        if self.storage == "copy" and self.testbed and self.link is not None:
+            disk_link = self.link / 8 * LINK_EFFICIENCY
+        return Plan(uri=uri, settings=tuple(self.wanted.items()), explicit=self.explicit,
+                    profile=self.profile, bandwidth=self.bandwidth, max_time=self.max_time,
+                    verify=self.verify, accel=self.accel,
+                    pause_before_switchover=self.storage == "copy",
+                    disk_link=disk_link).validate()
+
 
 @dataclass
 class Running:
@@ -126,52 +115,40 @@ class Running:
     image: Path | None
 
 
-@dataclass
-class Outcome:
-    outcome: str = "failed"  # completed | aborted | failed
-    reason: str | None = None
-
-
-class Interrupted(LivemigError):
-    """Ctrl-C or SIGTERM during a run."""
-
-
-class Migration:
-    """One run of ``livemig migrate``."""
+class LabRun(Hooks):
+    """One lab migration (``livemig migrate`` without ``--src-qmp``)."""
 
     def __init__(self, opts: MigrateOptions, progress: Progress | None = None) -> None:
         self.opts = opts
         self.progress = progress or Progress(enabled=False)
         self.id = opts.run_id or uuid.uuid4().hex[:8]
         self.run_dir = paths.run_root() / self.id
-        self.phase = Phase.INIT
-        self.result = Outcome()
-        self.timeline: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
+        self.events = EventStream()
+        self.events.subscribe(progress_listener(self.progress))
+        self.t0 = self.events.t0
+        self.interrupt = asyncio.Event()
+        self.plan = opts.plan()
+        self.livemig = {k: LIVEMIG_SETTINGS[k].kind(v) if isinstance(v, str) else v
+                        for k, v in {**{k: s.default for k, s in LIVEMIG_SETTINGS.items()},
+                                     **{k: v for k, v in opts.wanted.items()
+                                        if k in LIVEMIG_SETTINGS}}.items()}
+        self.record: MigrationRecord | None = None
+        self.engine: Engine | None = None
         self.src: VM | None = None
         self.dst: VM | None = None
         self.src_agent: AgentLink | None = None
         self.dst_agent: AgentLink | None = None
-        self.resolved = Resolved()
-        self.t0 = time.time()
         self.t_ready: float | None = None
         self.t_migrate: float | None = None
         self.t_end: float | None = None
-        self.t_dst_done: float | None = None
-        self.t_cont: float | None = None
-        self.final_stats: dict[str, Any] = {}
-        self.ram_check: RamComparison | None = None
         self.source_after: dict[str, Any] | None = None
-        self.cpu: dict[str, float | None] = {}
-        self.interrupt = asyncio.Event()
-        self.controller: Controller | None = None
+        self.state = RunState(self.run_dir)
         self._mem_files: list[Path] = []
         self._disk_job: dict[str, Any] | None = None
         self._disk_obs: dict[str, Any] = {}  # what the disk policies see
         self._disk_prev: tuple[float, int, int] | None = None  # (t, job len, guest written)
         self.pin_plan: pinning.PinPlan | None = None
         self.pinning: dict[str, Any] = {}
-        self.t_ram: float | None = None  # RAM migration started (after the disk, if copied)
         self.prober: Prober | None = None
         self.network: dict[str, Any] = {}
         self.disk: DiskMirror | None = None
@@ -184,36 +161,52 @@ class Migration:
         self.injected: list[dict[str, Any]] = []
         self._wanted = dict(opts.wanted)
         self.encoding: dict[str, Any] | None = None
-
-    # -- bookkeeping ------------------------------------------------------------------
-    def _to(self, phase: Phase, why: str = "") -> None:
-        if phase not in _NEXT[self.phase]:
-            raise AssertionError(f"bad transition {self.phase.value} -> {phase.value}")
-        log.info("phase %s -> %s %s", self.phase.value, phase.value, why)
-        self.event(f"phase {phase.value}" + (f": {why}" if why else ""))
-        self.phase = phase
+        self._taps_before: dict[str, dict[str, int]] | None = None
 
     def event(self, what: str, **data: Any) -> None:
-        self.events.append({"t": round(time.time() - self.t0, 3), "event": what, **data})
+        self.events.event(what, **data)
 
     # -- main -------------------------------------------------------------------------
-    async def run(self) -> Outcome:
+    async def run(self) -> MigrationRecord:
+        outcome, reason = "failed", None
         try:
-            await self._run()
+            await self._boot()
+            host = topology.MIG_ADDR[self.opts.dst_host] if self.opts.testbed else "127.0.0.1"
+            plan = self.plan.with_settings(self._wanted).with_uri(
+                f"tcp:{host}:{_free_port()}")
+            assert self.src is not None and self.dst is not None
+            assert self.src.endpoint is not None and self.dst.endpoint is not None
+            self.engine = Engine(self.src.endpoint, self.dst.endpoint, plan,
+                                 events=self.events, hooks=self, interrupt=self.interrupt,
+                                 run_id=self.id, guardian_dir=self.run_dir)
+            self.record = await self.engine.run()
+            if not self.record.completed and self.src.alive() \
+                    and self.record.t_migrate is not None:
+                await self._source_after()
         except Interrupted as e:
-            await self._rollback("aborted", str(e))
+            outcome, reason = "aborted", str(e)
+        except UsageError:
+            raise
         except (LivemigError, OSError) as e:
-            if isinstance(e, UsageError) and self.phase in (Phase.INIT, Phase.BOOTING):
-                await self._cleanup()
-                raise
-            await self._rollback("failed", str(e))
+            outcome, reason = "failed", str(e)
+            self.progress.step(f"failed: {e}")
         finally:
-            self.t_end = self.t_end or time.time()
+            self.t_end = time.time()
+            if self.record is None:
+                self.record = MigrationRecord(
+                    run_id=self.id, uri="", t0=self.t0, t_migrate=None, t_ram=None,
+                    t_end=self.t_end, t_dst_done=None, t_cont=None, outcome=outcome,
+                    reason=reason, verify=self.opts.verify)
             await self._cleanup()
-        return self.result
+        self.record = dataclasses.replace(
+            self.record, events=tuple(self.events.log),
+            source_after={**(self.record.source_after or {}), **(self.source_after or {})}
+            or None)
+        return self.record
 
-    async def _run(self) -> None:
+    async def _boot(self) -> None:
         o = self.opts
+        reap()  # what runs that died left behind
         paths.require_file(o.qemu, "QEMU binary", "run 'make setup' or pass --qemu")
         paths.require_file(paths.guest_kernel(), "guest kernel", "run 'make setup'")
         paths.require_file(paths.guest_initrd(), "guest initrd", "run 'make setup'")
@@ -226,7 +219,7 @@ class Migration:
         if o.storage == "copy" and not o.testbed:
             raise UsageError("--storage copy needs the testbed's hosts (not --link local)")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._to(Phase.BOOTING)
+        self.event("phase booting")
         self.progress.step(f"run {self.id}: accel {o.accel} ({o.accel_reason}), "
                            f"QEMU {o.qemu}, logs in {self.run_dir}")
         if o.testbed:
@@ -238,49 +231,97 @@ class Migration:
             self.t_ready = time.time()
         else:
             self.src, self.src_agent = await self._launch("src", src_disks, incoming=False)
-            await self._check_interrupt()
+            self._check_interrupt()
             self.progress.step(f"source booting, workload {o.workload.text}")
             await self._wait_ready()
         if o.testbed:
             await self._start_probes()
         await self._choose_encoding()
-        self.resolved = await self._resolve_settings()
         self.dst, self.dst_agent = await self._launch("dst", dst_disks, incoming=True)
-        await self._apply_settings()
-        await self._make_controller()
-        host = topology.MIG_ADDR[o.dst_host] if o.testbed else "127.0.0.1"
-        uri = f"tcp:{host}:{_free_port()}"
-        await self.dst.cmd("migrate-incoming", uri=uri)
 
-        self._to(Phase.WARMUP)
-        warm = float(self.resolved.livemig["warmup"])
+    # -- engine hooks -----------------------------------------------------------------
+    def disk_link(self) -> float | None:
+        return self.plan.disk_link
+
+    async def warmup(self) -> None:
+        warm = float(self.livemig["warmup"])
         self.progress.step(f"measuring the workload's normal rate for {warm:.0f}s")
         await self._sleep(warm)
-
-        self._to(Phase.MIGRATING)
+        assert self.src is not None
         self.src.sample_threads()
-        self.cpu["source_before"] = self.src.cpu_seconds()
-        self.t_migrate = time.time()
-        if o.storage == "copy":
+
+    async def before_ram(self) -> None:
+        assert self.engine is not None
+        self.t_migrate = self.engine.s.t_migrate
+        if self.opts.storage == "copy":
             await self._start_disk_copy()
-            if self.resolved.livemig["disk-schedule"] in ("first", "libvirt"):
+            if self.livemig["disk-schedule"] in ("first", "libvirt"):
                 await self._wait_disk_ready()
         self._plan_pinning()
-        self.t_ram = time.time()
-        await self.src.cmd("migrate", uri=uri)
-        self.progress.step("migration started" if self.disk is None else
-                           "disk in sync; RAM migration started" if self.disk.stats.ready_at
-                           else "RAM migration started while the disk copies")
-        status = await self._monitor()
-        await self._release_controls()
-        if status == "completed":
-            await self._switchover()
-        elif status == "cancelled":
-            await self._finish_cancel()
-        else:
-            raise VMError(f"migration {status}: {self.final_stats.get('error-desc', '?')}")
 
-    # -- steps ------------------------------------------------------------------------
+    async def on_poll(self, now: float, obs: Observation) -> dict[str, Any]:
+        assert self.src is not None
+        self.src.sample_threads()
+        if self.disk is not None and self.disk.active and not obs.terminal:
+            self._disk_job = await self.disk.poll()
+            await self._observe_disk(now)
+        if self.pin_plan is not None:
+            self._pin_threads()
+        extra: dict[str, Any] = {"guest_rate": self._guest_rate()}
+        job = self._disk_job if self.disk is not None and self.disk.active else None
+        if job is not None:
+            extra["remaining_disk"] = int(job["len"]) - int(job["offset"])
+        base = self._baseline()
+        if extra["guest_rate"] is not None and base:
+            extra["guest_rate_pct"] = 100.0 * extra["guest_rate"] / base
+        return extra
+
+    def disk_observation(self) -> dict[str, Any] | None:
+        return self._disk_obs or None
+
+    async def pre_switchover(self) -> bool:
+        if self.disk is None or not self.disk.active:
+            return False
+        await self._disk_switchover()
+        return True
+
+    def destination_dead(self) -> str | None:
+        if self.dst is not None and not self.dst.alive():
+            return f"destination QEMU died: {self.dst.log_tail()}"
+        return None
+
+    async def before_verify(self) -> None:
+        if self.disk is not None:
+            await self.disk.stop_export()
+        if self.opts.verify:
+            for fault in self.opts.faults:
+                self._inject(fault)
+
+    async def verify_more(self) -> None:
+        if self.disk is not None:
+            self.progress.step("comparing the disk images: source vs destination")
+            assert self._src_image is not None and self._dst_image is not None
+            self.disk_check = await asyncio.to_thread(
+                compare_images, self._src_image, self._dst_image)
+            self.event("disk compared", **self.disk_check.as_dict())
+
+    async def after_resume(self) -> None:
+        assert self.dst is not None
+        if self.opts.testbed:
+            # QEMU announced the guest's MAC when the migration completed, while we
+            # held the guest; say it again now that it runs, so switches learn it
+            with contextlib.suppress(VMError):
+                await self.dst.cmd("announce-self", initial=50, max=550, rounds=5, step=100)
+        taps_before = self._tap_counters()
+        t_settle = time.time()
+        await self._sleep(float(self.livemig["settle"]), interruptible=False)
+        self._who_answers(taps_before, t_settle)
+
+    async def after_failure(self) -> None:
+        if self.disk is not None:
+            await self.disk.abandon()
+
+    # -- boot -------------------------------------------------------------------------
     async def _launch(self, name: str, disks: list[Disk],
                       incoming: bool) -> tuple[VM, AgentLink]:
         """Start one end's QEMU and connect to its monitor and its guest agent. The
@@ -288,6 +329,7 @@ class Migration:
         vm = VM(self._vm_config(name, disks, incoming))
         setattr(self, name, vm)
         vm.start()
+        self.state.add_qemu(name, vm.pid)
         await vm.connect()
         agent = AgentLink(name, vm.config.agent_path)
         setattr(self, f"{name}_agent", agent)
@@ -317,6 +359,7 @@ class Migration:
             if i == 0 and self.opts.disk_fill == "mixed":
                 fill_image(img, size)
             self._images.append(img)
+            self.state.add_file(img)
             self.event("disk created", path=str(img), size=size)
         self._src_image, self._dst_image = self._images[0], self._images[-1]
         return [Disk(self._src_image)], [Disk(self._dst_image)]
@@ -345,7 +388,7 @@ class Migration:
         self.prober.start()
         deadline = time.monotonic() + 15
         while not self.prober.stats.replies:
-            await self._check_interrupt()
+            self._check_interrupt()
             if time.monotonic() > deadline:
                 raise VMError(f"the guest does not answer the client's probes at "
                               f"{topology.GUEST_IP} (console: {self.src.config.console_path})"
@@ -357,7 +400,7 @@ class Migration:
     async def _start_disk_copy(self) -> None:
         """Mirror the disk into the destination's NBD export."""
         assert self.src is not None and self.dst is not None
-        lm = self.resolved.livemig
+        lm = self.livemig
         gran = lm["disk-granularity"]
         why = "set explicitly"
         if gran == "auto":
@@ -388,9 +431,10 @@ class Migration:
             now = time.time()
             self._disk_job = job
             await self._observe_disk(now)
-            if not frozen and self.controller is not None and self.controller.active:
+            c = self.engine.controller if self.engine is not None else None
+            if not frozen and c is not None and c.active:
                 assert self.t_migrate is not None
-                await self.controller.tick(Snapshot.from_query_migrate(
+                await c.tick(Snapshot.from_query_migrate(
                     now - self.t_migrate, {}, self._disk_obs), self.src.cmd)
             if job.get("ready"):
                 self.event("disk mirror ready", offset=job["offset"], len=job["len"])
@@ -399,7 +443,7 @@ class Migration:
                 last_report = now
                 self.progress.step(f"disk: {job['offset'] >> 20} of {job['len'] >> 20} MiB "
                                    "copied")
-            await self._check_interrupt()
+            self._check_interrupt()
             if self.opts.max_time and now - (self.t_migrate or now) > self.opts.max_time:
                 raise Interrupted(f"disk copy not done within --max-time {self.opts.max_time:g}s")
             if not self.dst.alive():
@@ -433,11 +477,6 @@ class Migration:
         self.event("encoding chosen", **self.encoding)
         self.progress.step(f"stream encoding {choice.encoding}: {choice.reason}")
 
-    async def _release_controls(self) -> None:
-        """No throttle and no IO cap survive the migration, whatever its outcome."""
-        if self.controller is not None and self.src is not None and self.src.alive():
-            await self.controller.release(self.src.cmd)
-
     async def _observe_disk(self, now: float) -> None:
         """The mirror's backlog, how fast it is re-dirtied, how fast the guest writes."""
         assert self.disk is not None and self._disk_job is not None
@@ -454,7 +493,7 @@ class Migration:
 
     def _plan_pinning(self) -> None:
         assert self.src is not None
-        mode = str(self.resolved.livemig["pin"])
+        mode = str(self.livemig["pin"])
         cpus = sorted(os.sched_getaffinity(0))
         self.pin_plan, why = pinning.plan(cpus, self.opts.vcpus, mode)
         self.pinning = {"mode": mode, "applied": self.pin_plan is not None, "reason": why,
@@ -502,6 +541,7 @@ class Migration:
         with contextlib.suppress(FileNotFoundError):
             mem_path.unlink()
         self._mem_files.append(mem_path)
+        self.state.add_file(mem_path)
         append = f"console=ttyS0 quiet livemig.workload={o.workload.text}"
         prefix: list[str] = []
         extra: list[str] = []
@@ -523,7 +563,7 @@ class Migration:
         assert self.src is not None and self.src_agent is not None
         deadline = time.monotonic() + BOOT_TIMEOUT_S
         while not self.src_agent.ready.is_set():
-            await self._check_interrupt()
+            self._check_interrupt()
             if not self.src.alive():
                 raise VMError(f"source QEMU exited during boot: {self.src.log_tail()}")
             if self.src_agent.errors:
@@ -535,150 +575,6 @@ class Migration:
         self.t_ready = time.time()
         self.event("guest ready", boot_s=round(self.t_ready - (self.src.started_at or 0), 2))
         self.progress.step(f"guest ready after {self.t_ready - (self.src.started_at or 0):.1f}s")
-
-    async def _resolve_settings(self) -> Resolved:
-        assert self.src is not None
-        caps = {c["capability"]: c["state"] for c in await self.src.cmd(
-            "query-migrate-capabilities")}
-        params = await self.src.cmd("query-migrate-parameters")
-        wanted = dict(self._wanted)
-        if self.opts.bandwidth is not None:
-            wanted["max-bandwidth"] = str(self.opts.bandwidth)
-        return resolve(wanted, caps, params)
-
-    async def _apply_settings(self) -> None:
-        r = self.resolved
-        # 'events' makes QEMU emit MIGRATION events: their timestamps time the switchover
-        caps = {"events": True, **r.capabilities}
-        if self.opts.storage == "copy":
-            # stop at pre-switchover, so the disk mirror finishes with the guest frozen
-            caps["pause-before-switchover"] = True
-        if self.opts.source is not None:
-            await self._reset_source_settings()
-        for vm in (self.src, self.dst):
-            assert vm is not None
-            await vm.cmd("migrate-set-capabilities", capabilities=[
-                {"capability": k, "state": v} for k, v in caps.items()])
-            if r.parameters:
-                await vm.cmd("migrate-set-parameters", **r.parameters)
-        self.event("settings applied", **r.as_dict())
-
-    async def _reset_source_settings(self) -> None:
-        """A source that was the destination of an earlier migration still has that
-        migration's settings: give it a fresh QEMU's (the new destination's) first."""
-        assert self.src is not None and self.dst is not None
-        fresh = {c["capability"]: c["state"] for c in await self.dst.cmd(
-            "query-migrate-capabilities")}
-        now = {c["capability"]: c["state"] for c in await self.src.cmd(
-            "query-migrate-capabilities")}
-        off = [{"capability": k, "state": v} for k, v in fresh.items() if now.get(k) != v]
-        if off:
-            await self.src.cmd("migrate-set-capabilities", capabilities=off)
-        fresh_p = await self.dst.cmd("query-migrate-parameters")
-        now_p = await self.src.cmd("query-migrate-parameters")
-        diff = {k: v for k, v in fresh_p.items() if now_p.get(k) != v}
-        if diff:
-            await self.src.cmd("migrate-set-parameters", **diff)
-
-    async def _make_controller(self) -> None:
-        assert self.src is not None
-        params = await self.src.cmd("query-migrate-parameters")
-        o = self.opts
-        link = None
-        if o.storage == "copy" and o.testbed and o.link is not None:
-            link = o.link / 8 * LINK_EFFICIENCY
-        self.controller = Controller(
-            self.resolved.livemig, params, o.accel,
-            int(params.get("downtime-limit", 300)),
-            lambda what, data: self.event(what, **data),
-            disk_link=link, ram_cap=o.bandwidth)
-
-    async def _control(self, now: float, info: dict[str, Any]) -> str | None:
-        """Let the policies act; return a reason to cancel if one decided to abort."""
-        c = self.controller
-        if c is None or not c.active or info.get("status") != "active":
-            return None
-        assert self.src is not None and self.t_migrate is not None
-        forced = c.forced
-        snap = Snapshot.from_query_migrate(now - self.t_migrate, info, self._disk_obs or None)
-        await c.tick(snap, self.src.cmd)
-        if c.forced and not forced:
-            self.progress.step(c.forced)
-        if c.postcopy:
-            self.progress.step(c.postcopy)
-        return c.abort_reason
-
-    async def _monitor(self) -> str:
-        """Poll the source until the migration ends; cancel on max-time or Ctrl-C."""
-        assert self.src is not None and self.dst is not None and self.t_migrate
-        interval = float(self.resolved.livemig["poll-interval"])
-        cancelled_for: str | None = None
-        while True:
-            info = await self.src.cmd("query-migrate")
-            self.src.sample_threads()
-            now = time.time()
-            self._record_sample(now, info)
-            status = info.get("status", "?")
-            if status in TERMINAL:
-                self.final_stats = info
-                if cancelled_for and status == "cancelled":
-                    self.result.reason = cancelled_for
-                return str(status)
-            if status == "pre-switchover" and self.disk is not None and self.disk.active \
-                    and not cancelled_for:
-                await self._disk_switchover()
-                continue
-            if self.disk is not None and self.disk.active:
-                self._disk_job = await self.disk.poll()
-                await self._observe_disk(now)
-            if self.pin_plan is not None:
-                self._pin_threads()
-            policy_abort = await self._control(now, info)
-            if cancelled_for is None:
-                if policy_abort:
-                    cancelled_for = policy_abort
-                elif self.interrupt.is_set():
-                    cancelled_for = "interrupted"
-                elif self.opts.max_time and now - self.t_migrate > self.opts.max_time:
-                    cancelled_for = f"did not converge within --max-time {self.opts.max_time:g}s"
-                elif not self.dst.alive():
-                    raise VMError(f"destination QEMU died: {self.dst.log_tail()}")
-                if cancelled_for:
-                    self._to(Phase.CANCELLING, cancelled_for)
-                    self.progress.step(f"cancelling: {cancelled_for}")
-                    await self.src.cmd("migrate_cancel")
-            await asyncio.sleep(interval)
-
-    def _record_sample(self, now: float, info: dict[str, Any]) -> None:
-        assert self.t_migrate is not None
-        ram = info.get("ram", {})
-        page = ram.get("page-size", 4096) or 4096
-        mbps = ram.get("mbps")
-        remaining = ram.get("remaining")
-        bandwidth = mbps * 1e6 / 8 if mbps else None
-        sample: dict[str, Any] = {
-            "t": round(now - self.t_migrate, 3),
-            "status": info.get("status"),
-            "rounds": ram.get("dirty-sync-count", 0),
-            "transferred": ram.get("transferred"),
-            "remaining": remaining,
-            "dirty_rate": (ram.get("dirty-pages-rate") or 0) * page,
-            "bandwidth": bandwidth,
-            "throttle_pct": info.get("cpu-throttle-percentage", 0),
-            "expected_downtime_ms": info.get("expected-downtime"),
-            "guest_rate": self._guest_rate(),
-        }
-        job = self._disk_job if self.disk is not None and self.disk.active else None
-        if job is not None:
-            sample["remaining_disk"] = int(job["len"]) - int(job["offset"])
-        if ram.get("deferred-pages") is not None:
-            sample["deferred_pages"] = ram.get("deferred-pages")
-        if sample["guest_rate"] is not None and self._baseline():
-            sample["guest_rate_pct"] = 100.0 * sample["guest_rate"] / self._baseline()
-        if bandwidth and remaining is not None:
-            sample["eta_s"] = remaining / bandwidth
-        self.timeline.append(sample)
-        self.progress.sample(now - self.t_migrate, sample)
 
     def _all_rates(self) -> list[Any]:
         rates: list[Any] = []
@@ -695,71 +591,6 @@ class Migration:
         if self.t_ready is None or self.t_migrate is None:
             return None
         return metrics.average_rate(self._all_rates(), self.t_ready, self.t_migrate)
-
-    async def _switchover(self) -> None:
-        assert self.src is not None and self.dst is not None
-        self._to(Phase.SWITCHED)
-        self.cpu["source"] = _delta(self.src.cpu_seconds(), self.cpu.get("source_before"))
-        self.t_dst_done = await self._wait_destination_done()
-        if self.disk is not None:
-            await self.disk.stop_export()
-        if self.opts.verify:
-            self._to(Phase.VERIFYING)
-            for fault in self.opts.faults:
-                self._inject(fault)
-            self.progress.step("comparing guest RAM: source vs destination")
-            src_file, dst_file = self.src.config.mem_path, self.dst.config.mem_path
-            self.ram_check = await asyncio.to_thread(
-                compare_ram, src_file, dst_file, self.opts.memory)
-            self.event("ram compared", **self.ram_check.as_dict())
-            if self.disk is not None:
-                self.progress.step("comparing the disk images: source vs destination")
-                assert self._src_image is not None and self._dst_image is not None
-                self.disk_check = await asyncio.to_thread(
-                    compare_images, self._src_image, self._dst_image)
-                self.event("disk compared", **self.disk_check.as_dict())
-            await self.dst.cmd("cont")
-            self.t_cont = time.time()
-            if self.opts.testbed:
-                # QEMU announced the guest's MAC when the migration completed, while we
-                # held the guest; say it again now that it runs, so switches learn it
-                with contextlib.suppress(VMError):
-                    await self.dst.cmd("announce-self", initial=50, max=550, rounds=5,
-                                       step=100)
-        self.result = Outcome("completed")
-        self._to(Phase.SETTLING)
-        taps_before = self._tap_counters()
-        t_settle = time.time()
-        await self._sleep(float(self.resolved.livemig["settle"]), interruptible=False)
-        self._who_answers(taps_before, t_settle)
-        self.cpu["destination"] = self.dst.cpu_seconds()
-        status = await self.dst.cmd("query-status")
-        self.event("destination after", status=status.get("status"))
-        if status.get("status") != "running":
-            raise VMError(f"destination is {status.get('status')} after the migration")
-
-    async def _wait_destination_done(self) -> float:
-        """Wait for the destination to finish loading; return when it did.
-
-        The time comes from the timestamp QEMU puts on its MIGRATION event, so the
-        polling latency of livemig does not count as guest pause."""
-        assert self.dst is not None and self.dst.qmp is not None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(TimeoutError):
-                ev = await asyncio.wait_for(self.dst.qmp.events.get(), 0.05)
-                if ev.get("event") == "MIGRATION":
-                    status = ev.get("data", {}).get("status")
-                    if status == "completed":
-                        ts = ev.get("timestamp", {})
-                        return float(ts.get("seconds", 0)) + ts.get("microseconds", 0) / 1e6
-                    if status == "failed":
-                        info = await self.dst.cmd("query-migrate")
-                        raise VMError("destination failed to load: "
-                                      f"{info.get('error-desc', '?')}")
-            if not self.dst.alive():
-                raise VMError(f"destination QEMU died: {self.dst.log_tail()}")
-        raise VMError("destination did not finish loading within 60s")
 
     def _tap_counters(self) -> dict[str, dict[str, int]] | None:
         if not self.opts.testbed:
@@ -812,66 +643,16 @@ class Migration:
         self.event("fault injected", **record)
         self.progress.step(f"FAULT INJECTED: flipped a byte of {what} {where:#x}")
 
-    async def _finish_cancel(self) -> None:
-        self.result = Outcome("aborted", self.result.reason or "cancelled")
-        await self._source_after()
-
-    async def _rollback(self, outcome: str, reason: str) -> None:
-        """Leave the source running, kill the destination, say what happened."""
-        log.info("rollback: %s: %s", outcome, reason)
-        self.progress.step(f"{outcome}: {reason}")
-        self.t_end = time.time()
-        if self.result.outcome == "completed":
-            # switched over already: the destination is the VM now; only record.
-            self.result = Outcome("failed", reason)
-            with contextlib.suppress(AssertionError):
-                self._to(Phase.FAILED, reason)
-            return
-        self.result = Outcome(outcome, reason)
-        with contextlib.suppress(AssertionError):
-            self._to(Phase.FAILED, reason)
-        if self.src is None or not self.src.alive() or self.t_migrate is None:
-            return
-        with contextlib.suppress(LivemigError):
-            await self._release_controls()
-            info = await self.src.cmd("query-migrate")
-            if self.disk is not None:
-                await self.disk.abandon()
-            if info.get("status") not in (*TERMINAL, None):
-                await self.src.cmd("migrate_cancel")
-                await self._wait_source_terminal()
-        await self._source_after()
-
-    async def _wait_source_terminal(self) -> None:
-        assert self.src is not None
-        for _ in range(200):
-            info = await self.src.cmd("query-migrate")
-            if info.get("status") in TERMINAL:
-                self.final_stats = info
-                return
-            await asyncio.sleep(0.05)
-
     async def _source_after(self) -> None:
-        """After a cancel or failure: make sure the source runs and its guest works."""
+        """After a cancel or failure: the destination goes, the source's guest works."""
         assert self.src is not None
         if self.dst is not None:
             self.dst.kill()
-        self.cpu["source"] = _delta(self.src.cpu_seconds(), self.cpu.get("source_before"))
-        after: dict[str, Any] = {"running": False}
-        try:
-            status = (await self.src.cmd("query-status")).get("status")
-            if status in ("postmigrate", "paused", "finish-migrate"):
-                self.event("source was left paused; resuming it", status=status)
-                await self.src.cmd("cont")
-                status = (await self.src.cmd("query-status")).get("status")
-            after["status"] = status
-            after["running"] = status == "running"
-            t = time.time()
-            await self._sleep(float(self.resolved.livemig["settle"]), interruptible=False)
-            src_rates = self.src_agent.rates if self.src_agent else []
-            after["workload_rate"] = metrics.average_rate(src_rates, t, time.time())
-        except LivemigError as e:
-            after["error"] = str(e)
+        after: dict[str, Any] = {}
+        t = time.time()
+        await self._sleep(float(self.livemig["settle"]), interruptible=False)
+        src_rates = self.src_agent.rates if self.src_agent else []
+        after["workload_rate"] = metrics.average_rate(src_rates, t, time.time())
         after["destination_alive"] = bool(self.dst and self.dst.alive())
         self.source_after = after
         self.event("source after", **after)
@@ -880,11 +661,11 @@ class Migration:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             if interruptible:
-                await self._check_interrupt()
+                self._check_interrupt()
             await asyncio.sleep(min(0.05, end - time.monotonic()) if end > time.monotonic()
                                 else 0)
 
-    async def _check_interrupt(self) -> None:
+    def _check_interrupt(self) -> None:
         if self.interrupt.is_set():
             raise Interrupted("interrupted")
 
@@ -911,26 +692,65 @@ class Migration:
         for img in self._images:
             with contextlib.suppress(FileNotFoundError):
                 img.unlink()
+        self.state.remove()  # nothing of this run is left for a later command to reap
         if self._testbed_created:
             topology.down(quiet=True)
         self._testbed.close()
-        if self.result.outcome == "completed" and not self.opts.keep_run_dir:
+        if self.record is not None and self.record.completed and not self.opts.keep_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def handed_over(self) -> Running | None:
         """With ``keep_destination``: the guest now running on the destination."""
-        if not self.opts.keep_destination or self.result.outcome != "completed":
+        if not self.opts.keep_destination or self.record is None or not self.record.completed:
             return None
         if self.dst is None or self.dst_agent is None or not self.dst.alive():
             return None
         return Running(self.dst, self.dst_agent, self.opts.dst_host, self._dst_image)
 
     def _hold(self) -> tuple[float, float] | None:
-        if self.t_cont is not None and self.t_dst_done is not None:
-            return (self.t_dst_done, self.t_cont)
-        return None
+        return self.record.hold if self.record is not None else None
 
     # -- results ----------------------------------------------------------------------
+    def facts(self) -> LabFacts:
+        """What the lab measured, for the report (read after :meth:`run`)."""
+        o = self.opts
+        rec = self.record
+        wl: dict[str, Any] = {"spec": o.workload.text}
+        if self.t_ready is not None and self.t_migrate is not None:
+            end = self.t_end or self.t_migrate
+            hold = rec.hold if rec is not None else None
+            wl.update(metrics.workload_stats(self._all_rates(), self.t_ready, self.t_migrate,
+                                             end, hold).as_dict())
+        agents = [a for a in (self.src_agent, self.dst_agent) if a]
+        wl["guest_agent_errors"] = sum(len(a.errors) for a in agents)
+        guest_errors = [e for a in agents for e in a.verify_errors
+                        if e.get("t", self.t0) >= self.t0]  # a handed-over agent has older ones
+        disk: dict[str, Any] = {"disk_transferred_bytes": 0, "disk_dirty_amplification": None}
+        if self.disk is not None:
+            disk = self.disk.stats.as_report()
+        disk_check: dict[str, Any] = {"result": "skipped", "why": f"storage {o.storage}"}
+        if self.disk_check is not None:
+            disk_check = self.disk_check.as_dict()
+        return LabFacts(
+            workload=wl, pause=self.pause(), network=dict(self.network), disk=disk,
+            disk_check=disk_check,
+            guest="mismatch" if guest_errors else ("ok" if o.workload.verify else "skipped"),
+            guest_errors=guest_errors,
+            migration_thread_cpu=round(self.src.migration_thread_cpu(), 3) if self.src else None,
+            pinning=self.pinning or None, encoding=self.encoding,
+            settings={
+                "memory": o.memory, "vcpus": o.vcpus, "qemu": str(o.qemu),
+                "testbed": o.testbed, "link_bits": o.link if o.testbed else None,
+                "storage": o.storage, "accel_reason": o.accel_reason,
+                "faults": self.injected or [
+                    {"kind": f.kind, "address": f"{f.address:#x}"} for f in o.faults],
+                "total_time_includes_disk_copy": self.disk is not None,
+            })
+
+    def report(self) -> dict[str, Any]:
+        assert self.record is not None
+        return build_report(self.record, self.facts())
+
     def pause(self) -> dict[str, float | None]:
         """Longest guest-visible silence, minus the time the guest was held for the
         RAM comparison (which a real migration does not have)."""
@@ -940,14 +760,18 @@ class Migration:
                 beats += a.heartbeats
         if self.t_migrate is None:
             return {"guest_pause_ms": None, "guest_pause_raw_ms": None, "verify_hold_ms": None}
-        end = (self.t_cont or self.t_end or time.time()) + 1.0
+        rec = self.record
+        t_cont = rec.t_cont if rec else None
+        t_dst_done = rec.t_dst_done if rec else None
+        end = (t_cont or self.t_end or time.time()) + 1.0
         gap = metrics.longest_gap(beats, self.t_migrate, end)
         hold = None
-        if self.t_cont is not None and self.t_dst_done is not None:
-            hold = self.t_cont - self.t_dst_done
+        if t_cont is not None and t_dst_done is not None:
+            hold = t_cont - t_dst_done
         raw = gap.seconds if gap else None
         pause = raw
-        if gap and hold is not None and gap.start <= self.t_dst_done <= gap.end:  # type: ignore[operator]
+        if gap and hold is not None and t_dst_done is not None \
+                and gap.start <= t_dst_done <= gap.end:
             pause = max(gap.seconds - hold, 0.0)
         return {
             "guest_pause_ms": _ms(pause),
@@ -990,6 +814,3 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def ensure_root() -> None:
-    if os.geteuid() != 0:
-        raise UsageError("livemig must run as root (namespaces, /run/livemig, /dev/shm)")
