@@ -16,6 +16,7 @@ from livemig import __version__
 from livemig.accel import choose_accel
 from livemig.engine.plan import Plan
 from livemig.errors import FaultInjectionRefused, LivemigError, UsageError
+from livemig.lab.leftovers import reap
 from livemig.lab.run import FAULT_KINDS, Fault, LabRun, MigrateOptions
 from livemig.paths import default_qemu, ensure_root
 from livemig.progress import Progress
@@ -323,6 +324,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.repeats is not None and a.repeats < 1:
         raise UsageError("--repeats must be at least 1")
     ensure_root()
+    reap()
     choice = choose_accel(a.accel)
     md = asyncio.run(run_bench(a.scenarios, a.out, choice.name, choice.reason, a.qemu,
                                a.repeats, profiles, a.quiet))
@@ -375,6 +377,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
     if a.report and a.report.is_dir():
         raise UsageError(f"--report {a.report} is a directory")
     ensure_root()
+    reap()
     choice = choose_accel(a.accel)
     opts = VerifyOptions(rounds=a.rounds, combinations=names, memory=memory,
                          workload=workload, qemu=a.qemu or default_qemu(),

@@ -152,7 +152,7 @@ class Engine:
         self.events.event("settings applied", **self.neg.resolved.as_dict())
         if self.guardian_dir is not None:
             self._guardian = guardian.start(self._guardian_spec(), self.guardian_dir)
-        await self.dst.cmd("migrate-incoming", uri=p.uri)
+        await self._incoming()
         self.events.event("phase warmup")
         await self.hooks.warmup()
         self._check_interrupt()
@@ -176,6 +176,17 @@ class Engine:
             await self._source_runs()
         else:
             raise VMError(f"migration {end.status}: {end.info.get('error-desc', '?')}")
+
+    async def _incoming(self) -> None:
+        """The destination listens. ``exit-on-error=false`` (QEMU >= 9.1): a failed
+        or cancelled migration leaves the destination QEMU up for its owner to decide
+        about, instead of QEMU exiting by itself."""
+        try:
+            await self.dst.cmd("migrate-incoming", uri=self.plan.uri, **{"exit-on-error": False})
+        except VMError as e:
+            if "exit-on-error" not in str(e):
+                raise
+            await self.dst.cmd("migrate-incoming", uri=self.plan.uri)
 
     async def _switchover(self) -> None:
         self.events.event("phase switched")
