@@ -1,0 +1,66 @@
+"""kill -9 of a lab ``livemig migrate`` mid-migration: no guest dies with it.
+
+The guardian cancels the migration and the source guest keeps running with its
+workload progressing; the next ``livemig testbed down`` removes what the dead run
+left (QEMUs, RAM files, run directory)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import livemig_cmd, new_run_id, qemu_pids
+from livemig import paths
+from qemuhelp import agent_lines, mem_progress, qmp
+
+pytestmark = pytest.mark.vm
+
+
+def test_killed_lab_run_source_runs_on_then_cleaned_up():
+    rid = new_run_id()
+    run_dir = paths.run_root() / rid
+    proc = subprocess.Popen(
+        livemig_cmd("migrate", "--accel", "tcg", "--memory", "512M", "--run-id", rid,
+                    "--link", "local", "--workload", "mem:size=192M,rate=0",
+                    "--bandwidth", "8M", "--profile", "defaults", "--max-time", "300",
+                    "--set", "warmup=1"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        seen = ""
+        while "migration started" not in seen:
+            assert time.monotonic() < deadline and proc.poll() is None, seen[-2000:]
+            seen += proc.stderr.readline()
+        time.sleep(2.0)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    try:
+        assert len(qemu_pids(rid)) == 2  # nothing died with livemig
+        log = run_dir / "guardian.log"
+        deadline = time.monotonic() + 40
+        while "repair done" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+            time.sleep(0.5)
+        assert "migrate_cancel" in log.read_text()
+        sq = run_dir / "src.qmp"
+        assert qmp(sq, "query-status")["status"] == "running"
+        info = qmp(sq, "query-migrate")
+        assert info["status"] == "cancelled"
+        assert not info.get("cpu-throttle-percentage")
+        assert qmp(sq, "query-migrate-parameters")["max-bandwidth"] != 8 << 20  # restored
+        # the guest's workload progresses on the source
+        assert mem_progress(agent_lines(run_dir / "src.agent", 2.0)) > 0
+    finally:
+        down = subprocess.run(livemig_cmd("testbed", "down"), capture_output=True,
+                              text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert qemu_pids(rid) == []
+    assert not list(paths.shm_root().glob(f"livemig-{rid}-*"))
+    assert not run_dir.exists()
