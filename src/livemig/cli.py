@@ -97,7 +97,11 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--profiles", help="comma-separated profiles (default: the scenario's)")
     b.add_argument("--repeats", type=int, help="runs per profile (default: the scenario's)")
     b.add_argument("--out", type=Path, default=Path("reports/bench"), help="output directory")
-    b.add_argument("--qemu", type=Path, help="QEMU binary (default build/qemu/...)")
+    b.add_argument("--qemu", type=Path, help="QEMU binary for the livemig profiles "
+                   "(default build/qemu/...)")
+    b.add_argument("--stock-qemu", type=Path, help="QEMU binary for the stock profiles "
+                   "(default: the unpatched build of the same release, "
+                   "build/qemu-upstream/..., from 'make qemu-upstream'; 'same': --qemu)")
     b.add_argument("--accel", default="auto", help="auto|kvm|tcg")
     b.add_argument("-q", "--quiet", action="store_true", help="no live progress")
 
@@ -313,21 +317,22 @@ def cmd_migrate(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from livemig.bench import load_scenario, run_bench
+    from livemig.bench import binaries, load_scenarios, run_bench
 
-    for path in a.scenarios:
-        load_scenario(path)  # fail early on a bad file
     profiles = [p.strip() for p in a.profiles.split(",")] if a.profiles else None
     for p in profiles or []:
         if p not in PROFILES:
             raise UsageError(f"unknown profile {p!r}: choose from {', '.join(PROFILES)}")
+    for path in a.scenarios:
+        for sc in load_scenarios(path):  # fail early on a bad file or a missing binary
+            binaries({**sc, "profiles": profiles or sc["profiles"]}, a.qemu, a.stock_qemu)
     if a.repeats is not None and a.repeats < 1:
         raise UsageError("--repeats must be at least 1")
     ensure_root()
     reap()
     choice = choose_accel(a.accel)
     md = asyncio.run(run_bench(a.scenarios, a.out, choice.name, choice.reason, a.qemu,
-                               a.repeats, profiles, a.quiet))
+                               a.repeats, profiles, a.quiet, a.stock_qemu))
     print(md)
     print(f"results in {a.out}/")
     return 0
