@@ -205,3 +205,16 @@ def test_restore_reads_back_originals():
     orig = asyncio.run(read(src))
     assert orig.capabilities["events"] is False and orig.parameters["downtime-limit"] == 300
     assert Decision("cancel") is Decision.CANCEL
+
+
+def test_ram_check_method_is_obeyed(tmp_path):
+    src, dst = ends()
+    src.status = dst.status = "paused"
+    for end in (src, dst):
+        end.ram_file = tmp_path / f"{end.name}.ram"
+        end.ram_file.write_bytes(bytes(8192))
+    assert asyncio.run(verify_ram(src, dst)).method == "file"
+    assert asyncio.run(verify_ram(src, dst, "digest")).method == "digest"
+    src.ram_file = None
+    v = asyncio.run(verify_ram(src, dst, "file"))
+    assert v.result == "skipped" and "ram-check=file" in (v.why or "")

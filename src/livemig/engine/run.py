@@ -200,7 +200,9 @@ class Engine:
                 self.s.ram = skipped("the destination runs already (not started with -S)")
             else:
                 self.events.say("comparing guest RAM: source vs destination")
-                self.s.ram = await verify_ram(self.src, self.dst)
+                self.s.ram = await verify_ram(
+                    self.src, self.dst, str(self.neg.resolved.livemig["ram-check"]) if self.neg
+                    else "auto")
                 self.events.event("ram compared", **self.s.ram.as_dict())
                 await self.hooks.verify_more()
         if status in PAUSED:
@@ -225,7 +227,7 @@ class Engine:
                 status = ev.get("data", {}).get("status")
                 if status == "completed":
                     ts = ev.get("timestamp", {})
-                    return float(ts.get("seconds", 0)) + ts.get("microseconds", 0) / 1e6
+                    return float(ts.get("seconds", 0)) + float(ts.get("microseconds", 0)) / 1e6
                 if status == "failed":
                     info = await self.dst.cmd("query-migrate")
                     raise VMError(f"destination failed to load: {info.get('error-desc', '?')}")
