@@ -155,3 +155,30 @@ def test_attach_killed_livemig_leaves_source_running(pair, tmp_path):
     assert qmp(sq, "query-migrate-parameters") == params_before
     assert qmp(sq, "query-migrate-capabilities") == caps_before
     assert not qmp(sq, "query-migrate").get("cpu-throttle-percentage")
+
+
+def test_attach_ctrl_c_aborts_source_runs_settings_restored(pair, tmp_path):
+    src, dst, sq, dq = pair(workload="mem:size=128M,rate=0")
+    caps_before = qmp(sq, "query-migrate-capabilities")
+    params_before = qmp(sq, "query-migrate-parameters")
+    report = tmp_path / "r.json"
+    proc = subprocess.Popen(attach(sq, dq, report, "--profile", "upstream-plain",
+                                   "--bandwidth", "8M", "--max-time", "300"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    deadline = time.monotonic() + 60
+    while "migration started" not in seen:
+        assert time.monotonic() < deadline and proc.poll() is None, seen[-2000:]
+        seen += proc.stderr.readline()
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err[-2000:]
+    rep = json.loads(report.read_text())
+    assert rep["outcome"] == "aborted" and rep["reason"] == "interrupted"
+    assert rep["source_after"]["running"] is True
+    assert src.poll() is None and dst.poll() is None
+    assert qmp(sq, "query-status")["status"] == "running"
+    assert qmp(sq, "query-migrate-parameters") == params_before
+    assert qmp(sq, "query-migrate-capabilities") == caps_before
+    assert mem_progress(agent_lines(tmp_path / "src.agent", 2.0)) > 0

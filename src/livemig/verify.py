@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -246,6 +247,7 @@ class PingPong:
             await self.running.vm.stop()
         with contextlib.suppress(FileNotFoundError):
             self.running.vm.config.mem_path.unlink()
+        shutil.rmtree(self.running.vm.config.run_dir, ignore_errors=True)
         self.running = None
 
     def summary(self) -> dict[str, Any]:

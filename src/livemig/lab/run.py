@@ -697,7 +697,13 @@ class LabRun(Hooks):
             topology.down(quiet=True)
         self._testbed.close()
         if self.record is not None and self.record.completed and not self.opts.keep_run_dir:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            # this run's directory, and that of a source handed over by an earlier run,
+            # unless a guest handed over to the next run still has its sockets there
+            dirs = {self.run_dir} | {vm.config.run_dir for vm in (self.src, self.dst) if vm}
+            if keep is not None:
+                dirs.discard(keep.vm.config.run_dir)
+            for d in dirs:
+                shutil.rmtree(d, ignore_errors=True)
 
     def handed_over(self) -> Running | None:
         """With ``keep_destination``: the guest now running on the destination."""
