@@ -172,7 +172,7 @@ def test_attach_ctrl_c_aborts_source_runs_settings_restored(pair, tmp_path):
         seen += proc.stderr.readline()
     time.sleep(2.0)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 3, err[-2000:]
     rep = json.loads(report.read_text())
     assert rep["outcome"] == "aborted" and rep["reason"] == "interrupted"

@@ -218,3 +218,16 @@ def test_ram_check_method_is_obeyed(tmp_path):
     src.ram_file = None
     v = asyncio.run(verify_ram(src, dst, "file"))
     assert v.result == "skipped" and "ram-check=file" in (v.why or "")
+
+
+def test_observation_snapshot_matches_the_policies_own_parser():
+    """One parser: the engine's snapshot must equal Snapshot.from_query_migrate."""
+    from livemig.policy.base import Snapshot
+
+    info = {"status": "active", "cpu-throttle-percentage": 20, "ram": {
+        "dirty-sync-count": 4, "remaining": 5 << 20, "total": 1 << 30, "transferred": 9,
+        "dirty-pages-rate": 300, "page-size": 4096, "mbps": 800.0,
+        "pages-per-second": 25000}}
+    disk = {"remaining": 1, "total": 2, "ready": True, "dirty_rate": 3.0, "write_rate": 4.0}
+    assert Observation.parse(1.5, info).snapshot(disk) == Snapshot.from_query_migrate(
+        1.5, info, disk)
