@@ -97,8 +97,8 @@ async def run_attach(src_qmp: Path, dst_qmp: Path, plan: Plan, events: EventStre
         engine = Engine(src, dst, plan, events=events, interrupt=interrupt, run_id=run_id,
                         guardian_dir=gdir)
         rec = await engine.run()
-        if rec.completed:
-            shutil.rmtree(gdir, ignore_errors=True)
+        # livemig ended normally (any outcome): the guardian had nothing to repair
+        shutil.rmtree(gdir, ignore_errors=True)
     finally:
         await src.close()
         if dst is not None:
