@@ -231,3 +231,19 @@ def test_observation_snapshot_matches_the_policies_own_parser():
     disk = {"remaining": 1, "total": 2, "ready": True, "dirty_rate": 3.0, "write_rate": 4.0}
     assert Observation.parse(1.5, info).snapshot(disk) == Snapshot.from_query_migrate(
         1.5, info, disk)
+
+
+def test_destination_gone_fails_cancels_and_source_runs_on():
+    src, dst = ends(statuses=["active"])
+    orig = src.cmd
+
+    async def cmd(command, **args):
+        if command == "query-migrate" and src.migrating:
+            dst.dead = True  # the destination disappears during the migration
+        return await orig(command, **args)
+
+    src.cmd = cmd  # type: ignore[method-assign]
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults").validate()))
+    assert rec.outcome == "failed" and "destination QEMU is gone" in (rec.reason or "")
+    assert src.called("migrate_cancel") and src.status == "running"
+    assert "destination" not in rec.restored  # a dead end is not talked to

@@ -165,7 +165,7 @@ class Engine:
         self.events.say("migration started")
         mon = Monitor(self.src, self.events, float(self.neg.resolved.livemig["poll-interval"]),
                       self.s.t_migrate, p.max_time, self.interrupt, self.controller,
-                      self.hooks, self.timeline)
+                      self.hooks, self.timeline, dst=self.dst)
         end = await mon.run()
         self.s.final = end.info
         await self._release_controls()
