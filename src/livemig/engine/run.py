@@ -129,11 +129,11 @@ class Engine:
             await self._run()
         except Interrupted as e:
             await self._rollback("aborted", str(e))
-        except UsageError:
-            if self.s.t_migrate is not None:
+        except UsageError as e:
+            if self.s.t_migrate is None:  # nothing started: put settings back, tell
+                await self._finish()
                 raise
-            await self._finish()
-            raise
+            await self._rollback("failed", str(e))
         except (LivemigError, OSError) as e:
             await self._rollback("failed", str(e))
         await self._finish()
