@@ -3,6 +3,7 @@ RAM, no /dev/shm file), verifies with QEMU's RAM digest, never kills them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,15 @@ import pytest
 
 from conftest import livemig_cmd
 from livemig.report import CONTRACT_KEYS
-from qemuhelp import agent_lines, free_port, has_command, mem_progress, qmp, start_qemu, stop
+from qemuhelp import (
+    agent_lines,
+    free_port,
+    has_command,
+    mem_progress,
+    qmp,
+    start_qemu,
+    stop,
+)
 
 pytestmark = pytest.mark.vm
 WORKLOAD = "mem:size=64M,rate=16M"
@@ -182,3 +191,36 @@ def test_attach_ctrl_c_aborts_source_runs_settings_restored(pair, tmp_path):
     assert qmp(sq, "query-migrate-parameters") == params_before
     assert qmp(sq, "query-migrate-capabilities") == caps_before
     assert mem_progress(agent_lines(tmp_path / "src.agent", 2.0)) > 0
+
+
+def test_attach_dst_start_from_the_source_command_line(tmp_path):
+    """--dst-start: livemig starts the destination from the source's own argv; the
+    source's sockets stay the source's; the started destination runs the guest."""
+    src = start_qemu(tmp_path, "src", WORKLOAD)
+    report = tmp_path / "r.json"
+    dst_pid = None
+    try:
+        time.sleep(4)
+        proc = subprocess.run(livemig_cmd(
+            "migrate", "--src-qmp", str(tmp_path / "src.qmp"), "--dst-start",
+            "--uri", f"tcp:127.0.0.1:{free_port()}", "--profile", "upstream-plain",
+            "--max-time", "120", "--report", str(report), "-q"),
+            capture_output=True, text=True, timeout=300)
+        sys.stdout.write(proc.stdout + proc.stderr[-3000:])
+        rep = json.loads(report.read_text())
+        dst_pid = rep["settings"]["dst_pid"]
+        assert rep["outcome"] == "completed", rep.get("reason")
+        assert rep["settings"]["dst_started_by_livemig"] is True
+        dq = Path(rep["settings"]["dst_qmp"])
+        assert qmp(dq, "query-status")["status"] == "running"
+        assert qmp(tmp_path / "src.qmp", "query-status")["status"] == "postmigrate"
+        # the guest runs on in the started destination, whose agent socket was moved
+        # away from the source's (which is still the source's)
+        dst_agent = next(dq.parent.glob("dst-agentch-*"))
+        assert mem_progress(agent_lines(dst_agent, 2.0)) > 0
+        assert (tmp_path / "src.agent").exists()
+    finally:
+        stop(src)
+        if dst_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(dst_pid, signal.SIGKILL)

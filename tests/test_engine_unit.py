@@ -247,3 +247,23 @@ def test_destination_gone_fails_cancels_and_source_runs_on():
     assert rec.outcome == "failed" and "destination QEMU is gone" in (rec.reason or "")
     assert src.called("migrate_cancel") and src.status == "running"
     assert "destination" not in rec.restored  # a dead end is not talked to
+
+
+def test_dst_start_moves_what_the_source_holds(tmp_path):
+    from livemig.dststart import destination_argv
+
+    src = ["qemu", "-m", "1G", "-qmp", "unix:/run/a.qmp,server=on,wait=off",
+           "-chardev", "socket,id=ag,path=/run/a.agent,server=on,wait=off",
+           "-serial", "file:/var/log/a.console", "-daemonize", "-pidfile", "/run/a.pid",
+           "-incoming", "tcp:0:1", "-drive", "file=/img/a.qcow2,if=virtio"]
+    argv, qmp = destination_argv(src, tmp_path)
+    text = " ".join(argv)
+    for held in ("/run/a.qmp", "/run/a.agent", "/var/log/a.console", "/run/a.pid",
+                 "-daemonize", "tcp:0:1"):
+        assert held not in text
+    assert f"path={tmp_path}/dst-ag-" in text and "file=/img/a.qcow2" in text
+    assert argv[-5:] == ["-qmp", f"unix:{qmp},server=on,wait=off", "-incoming", "defer",
+                         "-S"]
+    with pytest.raises(UsageError, match="shared"):
+        destination_argv(["qemu", "-object",
+                          "memory-backend-file,id=m,mem-path=/dev/shm/x,share=on"], tmp_path)

@@ -52,6 +52,9 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--dst-qmp", type=Path, metavar="PATH",
                    help="attach: QMP socket of a destination QEMU started with "
                         "-incoming defer -S")
+    m.add_argument("--dst-start", action="store_true",
+                   help="attach: instead of --dst-qmp, start the destination on this host "
+                        "from the source's command line (+ -incoming defer -S)")
     m.add_argument("--uri", help="attach: what the destination listens on (tcp:HOST:PORT)")
     m.add_argument("--memory", help=f"guest RAM (default {LAB_DEFAULTS['memory']})")
     m.add_argument("--vcpus", type=int, help="guest vCPUs (default 1)")
@@ -240,7 +243,10 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
 
 
 def _attach_plan(a: argparse.Namespace) -> Plan:
+    if a.dst_start and a.dst_qmp:
+        raise UsageError("--dst-start starts the destination: not with --dst-qmp")
     given = [k for k in ("src_qmp", "dst_qmp", "uri") if getattr(a, k)]
+    given += ["dst_qmp"] if a.dst_start else []
     missing = [f"--{k.replace('_', '-')}" for k in ("src_qmp", "dst_qmp", "uri")
                if k not in given]
     if missing:
@@ -291,7 +297,8 @@ def cmd_attach(a: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, interrupt.set)
         try:
-            rec, facts = await run_attach(a.src_qmp, a.dst_qmp, plan, events, interrupt)
+            rec, facts = await run_attach(a.src_qmp, None if a.dst_start else a.dst_qmp,
+                                          plan, events, interrupt)
         finally:
             progress.close()
         return build_report(rec, facts)
@@ -307,7 +314,7 @@ async def _run_migration(mig: LabRun) -> None:
 
 
 def cmd_migrate(a: argparse.Namespace) -> int:
-    if a.src_qmp or a.dst_qmp or a.uri:
+    if a.src_qmp or a.dst_qmp or a.uri or a.dst_start:
         return cmd_attach(a)
     opts = _migrate_options(a)
     ensure_root()
