@@ -83,9 +83,6 @@ class Controller:
         self.last_resort = LastResort(str(settings.get("on-stall", "force")))
         self.throttle_pct = 0
         self.io_cap = 0
-        self.abort_reason: str | None = None
-        self.forced: str | None = None
-        self.postcopy: str | None = None
 
     @property
     def active(self) -> bool:
@@ -134,12 +131,7 @@ class Controller:
             await self._set(cmd, **{DIRECT_KNOB: a.percent})
         elif isinstance(a, SetDowntimeLimit):
             await self._set(cmd, **{"downtime-limit": a.ms})
-        elif isinstance(a, ForceSwitchover):
-            self.forced = a.reason
-        elif isinstance(a, AbortMigration):
-            self.abort_reason = a.reason
         elif isinstance(a, StartPostcopy):
-            self.postcopy = a.reason
             await cmd("migrate-start-postcopy")
         elif isinstance(a, SetRamBandwidth):
             await self._set(cmd, **{"max-bandwidth": a.bytes_per_s})

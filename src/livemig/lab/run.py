@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from livemig import metrics, paths
+from livemig.engine.decision import Decision
 from livemig.engine.events import EventStream, progress_listener
 from livemig.engine.observe import Observation
 from livemig.engine.plan import Plan
@@ -298,7 +299,9 @@ class LabRun(Hooks):
         cmd = self.src.cmd
 
         async def tick(snap: Snapshot) -> None:
-            await c.tick(snap, cmd)
+            v = await c.tick(snap, cmd)
+            if v.decision is Decision.CANCEL:  # a policy gave up while the disk copies
+                raise Interrupted(v.reason)
 
         return tick
 
