@@ -47,7 +47,6 @@ from livemig.policy.base import Snapshot
 from livemig.progress import Progress
 from livemig.ramcheck import gpa_to_offset
 from livemig.report import LabFacts, build_report
-from livemig.settings import LIVEMIG_SETTINGS
 from livemig.spec import Workload
 from livemig.testbed import netns, topology
 from livemig.testbed.probe import Prober
@@ -128,10 +127,7 @@ class LabRun(Hooks):
         self.t0 = self.events.t0
         self.interrupt = asyncio.Event()
         self.plan = opts.plan()
-        self.livemig = {k: LIVEMIG_SETTINGS[k].kind(v) if isinstance(v, str) else v
-                        for k, v in {**{k: s.default for k, s in LIVEMIG_SETTINGS.items()},
-                                     **{k: v for k, v in opts.wanted.items()
-                                        if k in LIVEMIG_SETTINGS}}.items()}
+        self.livemig = self.plan.livemig_settings()
         self.record: MigrationRecord | None = None
         self.engine: Engine | None = None
         self.src: VM | None = None
@@ -158,7 +154,6 @@ class LabRun(Hooks):
         self.injected: list[dict[str, Any]] = []
         self._wanted = dict(opts.wanted)
         self.encoding: dict[str, Any] | None = None
-        self._taps_before: dict[str, dict[str, int]] | None = None
 
     def event(self, what: str, **data: Any) -> None:
         self.events.event(what, **data)
@@ -707,10 +702,6 @@ class LabRun(Hooks):
 
 def _ms(s: float | None) -> float | None:
     return None if s is None else round(s * 1000.0, 1)
-
-
-def _delta(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else round(a - b, 3)
 
 
 def _free_port() -> int:
