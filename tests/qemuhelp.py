@@ -96,6 +96,17 @@ def agent_lines(path: Path, seconds: float) -> list[dict[str, Any]]:
     return out
 
 
+def guest_progress(path: Path, tries: int = 4, seconds: float = 2.0) -> int:
+    """Bytes the guest's memory workload wrote while the agent was listened to; a few
+    tries, as a loaded host may keep the guest's port quiet for a moment after a
+    (re)connection."""
+    for _ in range(tries):
+        got = mem_progress(agent_lines(path, seconds))
+        if got > 0:
+            return got
+    return 0
+
+
 def mem_progress(lines: list[dict[str, Any]]) -> int:
     """Bytes the guest's memory workload wrote over the ``rate`` lines seen."""
     rates = [x["mem_bytes"] for x in lines if x.get("ev") == "rate"]
