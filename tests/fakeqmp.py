@@ -88,6 +88,8 @@ class FakeEnd:
                                           "total": 256 << 20, "dirty-sync-count": 1,
                                           "mbps": 100.0, "page-size": PAGE},
                     "downtime": 12, "total-time": 1000}
+        if command == "query-commands":
+            return [{"name": c} for c in sorted(self.commands)]
         if command == "query-status":
             return {"status": self.status, "running": self.status == "running"}
         if command == "cont":

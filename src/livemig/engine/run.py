@@ -143,11 +143,12 @@ class Engine:
         p = self.plan
         self.neg = await negotiate(self.src, self.dst, p)
         params = self.neg.original_src.parameters
+        commands = {c["name"] for c in await self.src.cmd("query-commands")}
         self.controller = Controller(
             self.neg.resolved.livemig, params, p.accel,
             int(self.neg.parameters.get("downtime-limit", params.get("downtime-limit", 300))),
             lambda what, data: self.events.event(what, **data),
-            disk_link=self.hooks.disk_link(), ram_cap=p.bandwidth)
+            disk_link=self.hooks.disk_link(), ram_cap=p.bandwidth, qemu_commands=commands)
         await apply(self.src, self.dst, self.neg)
         self.events.event("settings applied", **self.neg.resolved.as_dict())
         if self.guardian_dir is not None:
