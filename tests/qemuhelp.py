@@ -121,3 +121,23 @@ def free_port() -> int:
 
 def has_command(path: Path, name: str) -> bool:
     return any(c["name"] == name for c in qmp(path, "query-commands"))
+
+
+def read_until(proc: subprocess.Popen[str], pattern: str, timeout: float = 90.0) -> str:
+    """livemig's stderr until a line matches ``pattern`` (a regex)."""
+    import re
+
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, seen):
+        assert time.monotonic() < deadline and proc.poll() is None, seen[-2000:]
+        assert proc.stderr is not None
+        seen += proc.stderr.readline()
+    return seen
+
+
+def throttle_left(path: Path) -> int:
+    """The management throttle still set on a patched QEMU (0 on a stock one)."""
+    if not has_command(path, "query-cpu-throttle"):
+        return 0
+    return int(qmp(path, "query-cpu-throttle").get("management-percent", 0))

@@ -21,8 +21,10 @@ from qemuhelp import (
     guest_progress,
     has_command,
     qmp,
+    read_until,
     start_qemu,
     stop,
+    throttle_left,
 )
 
 pytestmark = pytest.mark.vm
@@ -56,8 +58,11 @@ def test_attach_migrates_verifies_resumes_and_restores(pair, tmp_path):
     caps_before = qmp(sq, "query-migrate-capabilities")
     params_before = qmp(sq, "query-migrate-parameters")
     report = tmp_path / "r.json"
-    proc = subprocess.run(attach(sq, dq, report, "--profile", "upstream", "--set",
-                                 "downtime-ramp=on", "--max-time", "120", "-q"),
+    # policies on: the livemig profile where QEMU has the management throttle
+    patched = has_command(sq, "set-cpu-throttle")
+    profile = ["--profile", "livemig"] if patched else [
+        "--profile", "upstream", "--set", "downtime-ramp=on"]
+    proc = subprocess.run(attach(sq, dq, report, *profile, "--max-time", "120", "-q"),
                           capture_output=True, text=True, timeout=300)
     sys.stdout.write(proc.stdout + proc.stderr[-3000:])
     rep = json.loads(report.read_text())
@@ -65,7 +70,10 @@ def test_attach_migrates_verifies_resumes_and_restores(pair, tmp_path):
         assert key in rep, key
     assert rep["outcome"] == "completed", rep.get("reason")
     assert rep["mode"] == "attach"
-    assert rep["settings"]["capabilities"]["multifd"] is True  # the profile was applied
+    if patched:  # the profile was applied
+        assert rep["settings"]["livemig"]["throttle"] == "reference"
+    else:
+        assert rep["settings"]["capabilities"]["multifd"] is True
     # the ends livemig did not start are still there, guest running on the destination
     assert src.poll() is None and dst.poll() is None
     assert qmp(dq, "query-status")["status"] == "running"
@@ -134,16 +142,15 @@ def test_attach_killed_livemig_leaves_source_running(pair, tmp_path):
     src, dst, sq, dq = pair(workload="mem:size=128M,rate=0")
     caps_before = qmp(sq, "query-migrate-capabilities")
     params_before = qmp(sq, "query-migrate-parameters")
-    proc = subprocess.Popen(attach(sq, dq, tmp_path / "r.json", "--profile",
-                                   "upstream-plain", "--bandwidth", "8M", "--max-time", "300"),
+    patched = has_command(sq, "set-cpu-throttle")
+    profile = "livemig" if patched else "upstream-plain"
+    proc = subprocess.Popen(attach(sq, dq, tmp_path / "r.json", "--profile", profile,
+                                   "--bandwidth", "8M", "--max-time", "300"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        seen = ""
-        deadline = time.monotonic() + 60
-        while "migration started" not in seen:
-            assert time.monotonic() < deadline and proc.poll() is None, seen[-2000:]
-            seen += proc.stderr.readline()
-        time.sleep(2.0)
+        # killed while livemig's throttle holds the guest (patched QEMU), else mid-copy
+        read_until(proc, r"throttle [1-9]\d*%" if patched else "migration started")
+        time.sleep(0.5)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -162,7 +169,7 @@ def test_attach_killed_livemig_leaves_source_running(pair, tmp_path):
     assert guest_progress(tmp_path / "src.agent") > 0
     assert qmp(sq, "query-migrate-parameters") == params_before
     assert qmp(sq, "query-migrate-capabilities") == caps_before
-    assert not qmp(sq, "query-migrate").get("cpu-throttle-percentage")
+    assert throttle_left(sq) == 0
 
 
 def test_attach_ctrl_c_aborts_source_runs_settings_restored(pair, tmp_path):
