@@ -139,6 +139,34 @@ def write_report(report: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _workload_line(wl: dict[str, Any]) -> str:
+    if wl.get("spec") is None:
+        return "workload         - (no livemig agent in the guest)"
+    unit = wl.get("unit")
+
+    def rate(v: float | None) -> str:
+        if unit is None:
+            return fmt_rate(v)
+        return "-" if v is None else f"{v:.0f} {unit}"
+
+    line = (f"workload         normal {rate(wl.get('baseline_rate'))}"
+            + (f" (±{wl['baseline_spread_pct']:.0f}%)"
+               if wl.get("baseline_spread_pct") is not None else "")
+            + f", min {rate(wl.get('min_rate'))}, below 10% for "
+            f"{_f(wl.get('seconds_below_10pct'), 's')}, work lost "
+            f"{_f(wl.get('work_lost_s'), 's')}")
+    if wl.get("source") == "client":
+        line += (f"\n                 client errors {wl.get('client_errors')}, disconnects "
+                 f"{wl.get('client_disconnects')}, longest stall "
+                 f"{_f(wl.get('longest_stall_s'), 's')}, after switchover "
+                 f"{_f(wl.get('after_switchover_pct'), '%')} of normal")
+        if wl.get("data_check") is not None:
+            dc = wl["data_check"]
+            line += (f"\n                 data check: {dc.get('keys')} keys read back, "
+                     f"{dc.get('bad')} wrong, {dc.get('missing')} missing")
+    return line
+
+
 def summary(r: dict[str, Any]) -> str:
     wl = r["workload"]
     cons = r["consistency"]
@@ -154,9 +182,7 @@ def summary(r: dict[str, Any]) -> str:
         f"CPU seconds      source {_f(r['cpu_seconds']['source'], '')}, destination "
         f"{_f(r['cpu_seconds']['destination'], '')}, migration threads "
         f"{_f(r['cpu_seconds']['source_migration_threads'], '')}",
-        f"workload         normal {fmt_rate(wl.get('baseline_rate'))}, min "
-        f"{fmt_rate(wl.get('min_rate'))}, below 10% for {_f(wl.get('seconds_below_10pct'), 's')}"
-        if wl.get("spec") is not None else "workload         - (no livemig agent in the guest)",
+        _workload_line(wl),
         f"consistency      RAM {cons['ram']}"
         + (f" ({cons['ram_detail']['method']})" if cons["ram_detail"].get("method") else "")
         + (f" at {', '.join(cons['ram_detail']['first_mismatches'])}"

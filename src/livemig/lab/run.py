@@ -40,6 +40,7 @@ from livemig.lab.disk import DiskCopy, disks, make_images
 from livemig.lab.diskcheck import DiskComparison, compare_images
 from livemig.lab.faults import Fault
 from livemig.lab.leftovers import RunState, reap
+from livemig.lab.service import ServiceRun
 from livemig.lab.storage import DiskMirror
 from livemig.lab.vm import VM, Disk, VMConfig, is_migration_thread
 from livemig.policy import encoding, pinning
@@ -151,6 +152,8 @@ class LabRun(Hooks):
         self._images: list[Path] = []  # created by this run, removed at its end
         self._src_image: Path | None = None
         self._dst_image: Path | None = None
+        svc = opts.workload.service
+        self.service = ServiceRun(svc, self.progress.step) if svc is not None else None
         self.injected: list[dict[str, Any]] = []
         self._wanted = dict(opts.wanted)
         self.encoding: dict[str, Any] | None = None
@@ -210,15 +213,21 @@ class LabRun(Hooks):
             )
         if o.storage == "copy" and not o.testbed:
             raise UsageError("--storage copy needs the testbed's hosts (not --link local)")
+        if o.workload.service is not None:
+            ServiceRun.check(o.workload.service, o.testbed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.event("phase booting")
         self.progress.step(f"run {self.id}: accel {o.accel} ({o.accel_reason}), "
                            f"QEMU {o.qemu}, logs in {self.run_dir}")
         if o.testbed:
             self._testbed_up()
-        created, self._src_image, self._dst_image = make_images(
-            o.workload, o.storage, self.run_dir, o.disk_size, o.disk_fill, self.state,
-            self.events, o.images, o.source.image if o.source else None)
+        if self.service is not None:
+            created, self._src_image, self._dst_image = self.service.make_images(
+                o.storage, self.run_dir, self.state)
+        else:
+            created, self._src_image, self._dst_image = make_images(
+                o.workload, o.storage, self.run_dir, o.disk_size, o.disk_fill, self.state,
+                self.events, o.images, o.source.image if o.source else None)
         self._images += created
         src_disks, dst_disks = disks(self._src_image), disks(self._dst_image)
         if o.source is not None:
@@ -232,6 +241,9 @@ class LabRun(Hooks):
             await self._wait_ready()
         if o.testbed:
             await self._start_probes()
+        if self.service is not None:
+            self.t_ready = await self.service.start(
+                self._check_interrupt, self.src.config.console_path if self.src else None)
         await self._choose_encoding()
         self.dst, self.dst_agent = await self._launch("dst", dst_disks, incoming=True)
 
@@ -456,7 +468,9 @@ class LabRun(Hooks):
             mem_path.unlink()
         self._mem_files.append(mem_path)
         self.state.add_file(mem_path)
-        append = f"console=ttyS0 quiet livemig.workload={o.workload.text}"
+        append = "console=ttyS0 quiet " + (
+            ServiceRun.kernel_append() if self.service is not None
+            else f"livemig.workload={o.workload.text}")
         prefix: list[str] = []
         extra: list[str] = []
         if o.testbed:
@@ -491,6 +505,8 @@ class LabRun(Hooks):
         self.progress.step(f"guest ready after {self.t_ready - (self.src.started_at or 0):.1f}s")
 
     def _all_rates(self) -> list[Any]:
+        if self.service is not None:  # what the service's client completed
+            return self.service.samples()
         rates: list[Any] = []
         for a in (self.src_agent, self.dst_agent):
             if a is not None:
@@ -499,7 +515,8 @@ class LabRun(Hooks):
 
     def _guest_rate(self) -> float | None:
         now = time.time()
-        return metrics.average_rate(self._all_rates(), now - 1.0, now)
+        window = 2.5 if self.service is not None else 1.0  # a client reports once a second
+        return metrics.average_rate(self._all_rates(), now - window, now)
 
     def _baseline(self) -> float | None:
         if self.t_ready is None or self.t_migrate is None:
@@ -584,6 +601,8 @@ class LabRun(Hooks):
             raise Interrupted("interrupted")
 
     async def _cleanup(self) -> None:
+        if self.service is not None:
+            await self.service.stop()
         self.progress.close()
         if self.prober is not None:
             self.prober.stop()
@@ -639,8 +658,12 @@ class LabRun(Hooks):
         if self.t_ready is not None and self.t_migrate is not None:
             end = self.t_end or self.t_migrate
             hold = rec.hold if rec is not None else None
-            wl.update(metrics.workload_stats(self._all_rates(), self.t_ready, self.t_migrate,
-                                             end, hold).as_dict())
+            if self.service is not None and self.service.load is not None:
+                wl.update(self.service.workload(self.t_ready, self.t_migrate, end, hold,
+                                                rec.t_cont if rec is not None else None))
+            else:
+                wl.update(metrics.workload_stats(self._all_rates(), self.t_ready,
+                                                 self.t_migrate, end, hold).as_dict())
         agents = [a for a in (self.src_agent, self.dst_agent) if a]
         wl["guest_agent_errors"] = sum(len(a.errors) for a in agents)
         guest_errors = [e for a in agents for e in a.verify_errors
