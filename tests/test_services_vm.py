@@ -28,8 +28,8 @@ def _check_client(rep):
 def test_postgres_under_pgbench_migrates_without_a_failed_transaction(tmp_path):
     rid = new_run_id()
     r = run_migrate(tmp_path, "--memory", "1G", "--workload", "pgbench:scale=20,clients=4",
-                    "--link", "1gbit", "--profile", "livemig", "--set", "settle=10", "--set", "warmup=6",
-                    "--run-id", rid, "--max-time", "240", timeout=900)
+                    "--link", "1gbit", "--profile", "livemig", "--set", "settle=10",
+                    "--set", "warmup=6", "--run-id", rid, "--max-time", "240", timeout=900)
     wl = _check_client(r.report)
     assert wl["unit"] == "transactions/s"
     assert r.rc == 0 and qemu_pids(rid) == []
@@ -38,7 +38,8 @@ def test_postgres_under_pgbench_migrates_without_a_failed_transaction(tmp_path):
 def test_redis_keys_read_back_after_the_migration(tmp_path):
     r = run_migrate(tmp_path, "--memory", "1G",
                     "--workload", "redis:keys=100000,clients=4,value=1K,reads=80",
-                    "--link", "1gbit", "--profile", "livemig", "--set", "settle=10", "--set", "warmup=6",
+                    "--link", "1gbit", "--profile", "livemig", "--set", "settle=10",
+                    "--set", "warmup=6",
                     "--max-time", "240", timeout=900)
     wl = _check_client(r.report)
     assert wl["unit"] == "operations/s"
