@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from livemig import faults
-from livemig.diskcheck import compare_images
 from livemig.errors import LivemigError
-from livemig.storage import MirrorStats
+from livemig.lab import faults
+from livemig.lab.diskcheck import compare_images
+from livemig.lab.storage import MirrorStats
 from livemig.testbed.probe import ProbeStats
 from livemig.testbed.topology import LinkShape
 

@@ -1,4 +1,4 @@
-from livemig.agent import AgentLink, RateSample
+from livemig.lab.agent import AgentLink, RateSample
 from livemig.metrics import longest_gap, rate_series, workload_stats
 
 

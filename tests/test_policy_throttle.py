@@ -142,3 +142,17 @@ def test_controller_survives_a_migration_that_ended_under_it():
 
     asyncio.run(run())
     assert "action SetThrottle" in events and "action not applied" in events
+
+
+def test_controller_turns_actions_into_one_decision():
+    from livemig.control import Controller
+    from livemig.engine.decision import Decision
+    from livemig.policy.base import SetDowntimeLimit
+
+    c = Controller({"throttle": "off"}, {}, "tcg", 300, lambda what, data: None)
+    assert c.verdict([SetDowntimeLimit("x", 450)]).decision is Decision.CONTINUE
+    v = c.verdict([SetDowntimeLimit("x", 450), AbortMigration("give up"),
+                   ForceSwitchover("force")])
+    assert (v.decision, v.reason) == (Decision.CANCEL, "give up")
+    assert c.verdict([StartPostcopy("pc")]).decision is Decision.POSTCOPY
+    assert c.verdict([ForceSwitchover("f")]).decision is Decision.FORCE

@@ -1,6 +1,6 @@
 import os
 
-from livemig.faults import flip_byte
+from livemig.lab.faults import flip_byte
 from livemig.ramcheck import compare_ram, gpa_to_offset, offset_to_gpa
 
 

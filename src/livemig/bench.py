@@ -25,9 +25,9 @@ from typing import Any
 
 from livemig import paths
 from livemig.errors import UsageError
-from livemig.migration import MigrateOptions, Migration
+from livemig.lab.run import LabRun, MigrateOptions
 from livemig.progress import Progress
-from livemig.report import build_report, write_report
+from livemig.report import write_report
 from livemig.settings import PROFILES, merge
 from livemig.spec import parse_workload
 from livemig.units import parse_link_rate, parse_size
@@ -396,10 +396,10 @@ async def run_bench(scenarios: list[Path], out_dir: Path, accel: str, reason: st
             for p in profs:
                 print(f"== bench {sc['name']}: {p} run {i + 1}/{n} ({labels[p]})",
                       flush=True)
-                mig = Migration(options_for(sc, p, accel, reason, bins[p]),
-                                Progress(enabled=not quiet))
+                mig = LabRun(options_for(sc, p, accel, reason, bins[p]),
+                             Progress(enabled=not quiet))
                 await mig.run()
-                rep = build_report(mig)
+                rep = mig.report()
                 rep["bench"] = {"family": sc["name"], "profile": p, "repeat": i + 1,
                                 "binary": labels[p], "qemu": str(bins[p])}
                 write_report(rep, out_dir / f"{sc['name']}-{p}-{i + 1}.json")

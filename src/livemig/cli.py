@@ -14,9 +14,11 @@ from typing import NoReturn
 
 from livemig import __version__
 from livemig.accel import choose_accel
+from livemig.engine.plan import Plan
 from livemig.errors import FaultInjectionRefused, LivemigError, UsageError
-from livemig.migration import FAULT_KINDS, Fault, MigrateOptions, Migration, ensure_root
-from livemig.paths import default_qemu
+from livemig.lab.leftovers import reap
+from livemig.lab.run import FAULT_KINDS, Fault, LabRun, MigrateOptions
+from livemig.paths import default_qemu, ensure_root
 from livemig.progress import Progress
 from livemig.report import build_report, summary, write_report
 from livemig.settings import LIVEMIG_SETTINGS, PROFILES, merge, parse_sets
@@ -41,19 +43,30 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    m = sub.add_parser("migrate", help="boot a busy VM, migrate it live, verify, report",
+    m = sub.add_parser("migrate", help="migrate a VM live (a lab guest, or any QEMU with "
+                       "--src-qmp/--dst-qmp), verify, report",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description=_MIGRATE_DOC)
-    m.add_argument("--memory", default="1G", help="guest RAM (default 1G)")
-    m.add_argument("--vcpus", type=int, default=1, help="guest vCPUs (default 1)")
-    m.add_argument("--workload", default="mem:size=256M,rate=64M,hot=80/10",
-                   help="workload spec, e.g. mem:size=512M,rate=200M,hot=80/10+disk:bs=8K")
+    m.add_argument("--src-qmp", type=Path, metavar="PATH",
+                   help="attach: QMP socket of a running source QEMU")
+    m.add_argument("--dst-qmp", type=Path, metavar="PATH",
+                   help="attach: QMP socket of a destination QEMU started with "
+                        "-incoming defer -S")
+    m.add_argument("--dst-start", action="store_true",
+                   help="attach: instead of --dst-qmp, start the destination on this host "
+                        "from the source's command line (+ -incoming defer -S)")
+    m.add_argument("--uri", help="attach: what the destination listens on (tcp:HOST:PORT)")
+    m.add_argument("--memory", help=f"guest RAM (default {LAB_DEFAULTS['memory']})")
+    m.add_argument("--vcpus", type=int, help="guest vCPUs (default 1)")
+    m.add_argument("--workload",
+                   help="workload spec, e.g. mem:size=512M,rate=200M,hot=80/10+disk:bs=8K "
+                        f"(default {LAB_DEFAULTS['workload']})")
     m.add_argument("--bandwidth", help="cap on the migration stream, bytes/s (e.g. 64M)")
-    m.add_argument("--link", default="1gbit",
+    m.add_argument("--link",
                    help="rate of the testbed's migration link between the src and dst "
                         "hosts: 100mbit, 1gbit, 10gbit, none (unshaped), or local (no "
                         "testbed: both QEMUs on this host, loopback) (default 1gbit)")
-    m.add_argument("--storage", default="shared", choices=("shared", "copy"),
+    m.add_argument("--storage", choices=("shared", "copy"),
                    help="shared: one disk image both hosts use; copy: each host has its "
                         "own and the disk is mirrored over NBD first (default shared)")
     m.add_argument("--profile", default="livemig", choices=list(PROFILES),
@@ -67,9 +80,9 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--qemu", type=Path, help="QEMU binary (default build/qemu/...)")
     m.add_argument("--accel", default="auto", help="auto|kvm|tcg (default auto)")
     m.add_argument("--no-verify", action="store_true", help="skip the RAM comparison")
-    m.add_argument("--disk-size", default="256M", help="guest disk size when the "
+    m.add_argument("--disk-size", help="guest disk size when the "
                    "workload writes to disk (default 256M)")
-    m.add_argument("--disk-fill", default="zero", choices=("zero", "mixed"),
+    m.add_argument("--disk-fill", choices=("zero", "mixed"),
                    help="what the source disk holds at the start: zero (sparse, "
                         "default) or mixed data like a used disk")
     m.add_argument("--inject-fault", action="append", default=[], metavar="KIND@ADDR",
@@ -129,15 +142,29 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
+LAB_DEFAULTS: dict[str, object] = {
+    "memory": "1G", "vcpus": 1, "workload": "mem:size=256M,rate=64M,hot=80/10",
+    "link": "1gbit", "storage": "shared", "disk_size": "256M", "disk_fill": "zero",
+}
+LAB_ONLY = ("memory", "vcpus", "workload", "link", "storage", "disk_size", "disk_fill",
+            "qemu", "inject_fault", "run_id", "keep_run_dir")
+
+
 _MIGRATE_DOC = """\
-Boot a source VM running a workload on the testbed's src host and a destination VM
-on its dst host (network namespaces joined by a shaped link, created when needed),
-migrate the guest live while a client probes it over the network, compare its RAM
-page by page (and its disk, with --storage copy), and report.
+Lab run (default): boot a source VM running a workload on the testbed's src host
+and a destination VM on its dst host (network namespaces joined by a shaped link,
+created when needed), migrate the guest live while a client probes it over the
+network, compare its RAM page by page (and its disk, with --storage copy), report.
 
 exit status: 0 completed and consistent, 1 failed, 2 bad usage, 3 aborted
 (--max-time or Ctrl-C; the source keeps running), 4 completed with a consistency
-mismatch."""
+mismatch.
+
+Attach run: livemig migrate --src-qmp SRC.sock --dst-qmp DST.sock --uri tcp:HOST:PORT
+migrates a VM livemig did not start: the source any running QEMU, the destination a
+QEMU started with -incoming defer -S. livemig verifies the destination's RAM against
+the frozen source (QEMU's RAM digest), resumes it, and sets back every migration
+setting it changed, on both ends; if livemig dies, a guardian process does it."""
 
 
 _VERIFY_DOC = """\
@@ -173,6 +200,9 @@ def _parse_faults(items: list[str]) -> list[Fault]:
 
 
 def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
+    for key, value in LAB_DEFAULTS.items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
     workload = parse_workload(a.workload)
     memory = parse_size(a.memory, "--memory")
     if memory < 128 << 20 or memory % (1 << 20):
@@ -208,10 +238,75 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         raise UsageError(f"--report {a.report} is a directory")
     choice = choose_accel(a.accel)
     opts.accel, opts.accel_reason = choice.name, choice.reason
+    opts.plan()  # the whole plan validated before anything boots
     return opts
 
 
-async def _run_migration(mig: Migration) -> None:
+def _attach_plan(a: argparse.Namespace) -> Plan:
+    if a.dst_start and a.dst_qmp:
+        raise UsageError("--dst-start starts the destination: not with --dst-qmp")
+    given = [k for k in ("src_qmp", "dst_qmp", "uri") if getattr(a, k)]
+    given += ["dst_qmp"] if a.dst_start else []
+    missing = [f"--{k.replace('_', '-')}" for k in ("src_qmp", "dst_qmp", "uri")
+               if k not in given]
+    if missing:
+        raise UsageError(f"attach needs --src-qmp, --dst-qmp and --uri: missing "
+                         f"{', '.join(missing)}")
+    lab = [f"--{k.replace('_', '-')}" for k in LAB_ONLY if getattr(a, k)]
+    if lab:
+        raise UsageError(f"{', '.join(lab)}: only for lab runs, not with --src-qmp")
+    sets = parse_sets(a.set)
+    return Plan(uri=a.uri, settings=tuple(merge(a.profile, sets).items()),
+                explicit=frozenset(sets), profile=a.profile,
+                bandwidth=parse_size(a.bandwidth, "--bandwidth") if a.bandwidth else None,
+                max_time=a.max_time, verify=not a.no_verify, accel="kvm").validate()
+
+
+def _finish_migrate(a: argparse.Namespace, report: dict[str, object], logs: str) -> int:
+    if a.report:
+        write_report(report, a.report)
+    print(summary(report))
+    if a.report:
+        print(f"report           {a.report}")
+    if report["outcome"] == "failed":
+        print(f"livemig: migration failed: {report['reason']}{logs}", file=sys.stderr)
+        return 1
+    if report["outcome"] == "aborted":
+        return EXIT_ABORTED
+    cons = report["consistency"]
+    assert isinstance(cons, dict)
+    if "mismatch" in (cons["ram"], cons["disk"], cons["guest"]):
+        return EXIT_MISMATCH
+    return 0
+
+
+def cmd_attach(a: argparse.Namespace) -> int:
+    from livemig.attach import run_attach
+    from livemig.engine.events import EventStream, progress_listener
+
+    plan = _attach_plan(a)
+    if a.report and a.report.is_dir():
+        raise UsageError(f"--report {a.report} is a directory")
+    progress = Progress(enabled=not a.quiet)
+    events = EventStream()
+    events.subscribe(progress_listener(progress))
+
+    async def go() -> dict[str, object]:
+        interrupt = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, interrupt.set)
+        try:
+            rec, facts = await run_attach(a.src_qmp, None if a.dst_start else a.dst_qmp,
+                                          plan, events, interrupt)
+        finally:
+            progress.close()
+        return build_report(rec, facts)
+
+    return _finish_migrate(a, asyncio.run(go()), "")
+
+
+async def _run_migration(mig: LabRun) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, mig.interrupt.set)
@@ -219,26 +314,13 @@ async def _run_migration(mig: Migration) -> None:
 
 
 def cmd_migrate(a: argparse.Namespace) -> int:
+    if a.src_qmp or a.dst_qmp or a.uri or a.dst_start:
+        return cmd_attach(a)
     opts = _migrate_options(a)
     ensure_root()
-    mig = Migration(opts, Progress(enabled=not a.quiet))
+    mig = LabRun(opts, Progress(enabled=not a.quiet))
     asyncio.run(_run_migration(mig))
-    report = build_report(mig)
-    if a.report:
-        write_report(report, a.report)
-    print(summary(report))
-    if a.report:
-        print(f"report           {a.report}")
-    if report["outcome"] == "failed":
-        print(f"livemig: migration failed: {report['reason']} (logs: {mig.run_dir})",
-              file=sys.stderr)
-        return 1
-    if report["outcome"] == "aborted":
-        return EXIT_ABORTED
-    cons = report["consistency"]
-    if "mismatch" in (cons["ram"], cons["disk"], cons["guest"]):
-        return EXIT_MISMATCH
-    return 0
+    return _finish_migrate(a, mig.report(), f" (logs: {mig.run_dir})")
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -254,6 +336,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.repeats is not None and a.repeats < 1:
         raise UsageError("--repeats must be at least 1")
     ensure_root()
+    reap()
     choice = choose_accel(a.accel)
     md = asyncio.run(run_bench(a.scenarios, a.out, choice.name, choice.reason, a.qemu,
                                a.repeats, profiles, a.quiet, a.stock_qemu))
@@ -306,6 +389,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
     if a.report and a.report.is_dir():
         raise UsageError(f"--report {a.report} is a directory")
     ensure_root()
+    reap()
     choice = choose_accel(a.accel)
     opts = VerifyOptions(rounds=a.rounds, combinations=names, memory=memory,
                          workload=workload, qemu=a.qemu or default_qemu(),

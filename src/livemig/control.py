@@ -21,7 +21,9 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict
 from typing import Any
 
+from livemig.engine.decision import CONTINUE, Decision, Verdict
 from livemig.errors import UsageError, VMError
+from livemig.lab.storage import JOB as MIRROR_JOB
 from livemig.policy.base import (
     AbortMigration,
     Action,
@@ -39,7 +41,6 @@ from livemig.policy.base import (
 from livemig.policy.convergence import DowntimeRamp, LastResort
 from livemig.policy.disk import IoQos, LinkShare
 from livemig.policy.throttle import ThrottlePolicy
-from livemig.storage import JOB as MIRROR_JOB
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ THROTTLE_SET = "set-cpu-throttle"
 THROTTLE_CANCEL = "cancel-cpu-throttle"
 THROTTLE_LEASE_MS = 1000
 THROTTLES = ("off", "auto-converge", "reference", "direct", "staged", "dirty-limit")
-# the guest disk's QOM path (livemig.vm: -device virtio-blk-pci,id=vdisk0; the block
+# the guest disk's QOM path (livemig.lab.vm: -device virtio-blk-pci,id=vdisk0; the block
 # backend hangs off the inner virtio device)
 GUEST_DISK = "/machine/peripheral/vdisk0/virtio-backend"
 
@@ -88,16 +89,14 @@ class Controller:
         self.last_resort = LastResort(str(settings.get("on-stall", "force")))
         self.throttle_pct = 0
         self.io_cap = 0
-        self.abort_reason: str | None = None
-        self.forced: str | None = None
-        self.postcopy: str | None = None
 
     @property
     def active(self) -> bool:
         return bool(self.policies)
 
-    async def tick(self, s: Snapshot, cmd: Command) -> None:
-        """Run every policy on ``s`` and apply what they decide."""
+    async def tick(self, s: Snapshot, cmd: Command) -> Verdict:
+        """Run every policy on ``s``, apply what they decide, and tell the monitor
+        what to do next (cancel, post-copy started, forced switchover, continue)."""
         actions: list[Action] = []
         for p in self.policies:
             actions += p.decide(s)
@@ -108,6 +107,18 @@ class Controller:
             await self.apply(a, cmd)
         if self.throttle_pct and not any(isinstance(a, SetThrottle) for a in actions):
             await self._throttle(cmd, self.throttle_pct)  # renew the lease
+        return self.verdict(actions)
+
+    def verdict(self, actions: list[Action]) -> Verdict:
+        """The decision this tick's actions amount to (first one wins)."""
+        for a in actions:
+            if isinstance(a, AbortMigration):
+                return Verdict(Decision.CANCEL, a.reason)
+            if isinstance(a, StartPostcopy):
+                return Verdict(Decision.POSTCOPY, a.reason)
+            if isinstance(a, ForceSwitchover):
+                return Verdict(Decision.FORCE, a.reason)
+        return CONTINUE
 
     async def _set(self, cmd: Command, **params: Any) -> None:
         """Set parameters; a refusal (the migration may have ended since the last
@@ -136,12 +147,7 @@ class Controller:
             await self._throttle(cmd, a.percent)
         elif isinstance(a, SetDowntimeLimit):
             await self._set(cmd, **{"downtime-limit": a.ms})
-        elif isinstance(a, ForceSwitchover):
-            self.forced = a.reason
-        elif isinstance(a, AbortMigration):
-            self.abort_reason = a.reason
         elif isinstance(a, StartPostcopy):
-            self.postcopy = a.reason
             await cmd("migrate-start-postcopy")
         elif isinstance(a, SetRamBandwidth):
             await self._set(cmd, **{"max-bandwidth": a.bytes_per_s})

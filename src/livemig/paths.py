@@ -48,3 +48,10 @@ def require_file(path: Path, what: str, hint: str) -> Path:
     if not path.exists():
         raise SetupError(f"{what} not found at {path}: {hint}")
     return path
+
+
+def ensure_root() -> None:
+    from livemig.errors import UsageError
+
+    if os.geteuid() != 0:
+        raise UsageError("livemig must run as root (namespaces, /run/livemig, /dev/shm)")

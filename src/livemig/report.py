@@ -1,5 +1,10 @@
 """The JSON report of one migration and its human summary.
 
+The report only reads: the engine's immutable :class:`MigrationRecord`, plus, for a
+lab run, the lab's :class:`LabFacts` (what only the lab can measure: the guest
+agent's workload and heartbeats, the client's probes, the disk copy). An attach run
+has the same keys, with the lab-only figures absent (``None``/empty).
+
 Stable keys (other tools rely on them; add more freely, never rename):
 outcome, total_time_s, downtime_ms, guest_pause_ms, ram_transferred_bytes,
 disk_transferred_bytes, rounds, cpu_seconds, workload, consistency, timeline, settings.
@@ -11,11 +16,12 @@ import datetime
 import json
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from livemig import __version__, metrics
-from livemig.migration import Migration
+from livemig import __version__
+from livemig.engine.record import MigrationRecord
 from livemig.units import fmt_bytes, fmt_rate
 
 CONTRACT_KEYS = (
@@ -25,47 +31,70 @@ CONTRACT_KEYS = (
 )
 
 
-def build_report(m: Migration) -> dict[str, Any]:
-    o = m.opts
-    stats = m.final_stats
+@dataclass(frozen=True)
+class LabFacts:
+    """What a lab run measured around the engine's migration."""
+
+    workload: dict[str, Any]
+    pause: dict[str, float | None]  # guest_pause_ms, guest_pause_raw_ms, verify_hold_ms
+    network: dict[str, Any]
+    disk: dict[str, Any]  # disk_transferred_bytes, disk_dirty_amplification, ...
+    disk_check: dict[str, Any]
+    guest: str  # ok | mismatch | skipped (the guest's own checker)
+    guest_errors: list[dict[str, Any]]
+    migration_thread_cpu: float | None
+    pinning: dict[str, Any] | None
+    encoding: dict[str, Any] | None
+    settings: dict[str, Any]  # memory, vcpus, qemu, testbed, storage, faults, ...
+
+
+@dataclass(frozen=True)
+class AttachFacts:
+    """An attach run: the sockets it was given; no agent, no probes."""
+
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def build_report(rec: MigrationRecord, lab: LabFacts | AttachFacts | None = None
+                 ) -> dict[str, Any]:
+    stats = rec.final_stats
     ram = stats.get("ram", {})
-    completed = m.result.outcome == "completed"
-    total = stats.get("total-time")
-    if total is not None and m.t_ram is not None and m.t_migrate is not None:
-        total += (m.t_ram - m.t_migrate) * 1000.0  # the disk copy ran first
-    if total is None and m.t_migrate is not None:
-        total = ((m.t_end or m.t_migrate) - m.t_migrate) * 1000.0
-    rates = m._all_rates()
-    wl: dict[str, Any] = {"spec": o.workload.text}
-    if m.t_ready is not None and m.t_migrate is not None:
-        end = (m.t_end or m.t_migrate)
-        hold = (m.t_dst_done, m.t_cont) if m.t_dst_done and m.t_cont else None
-        wl.update(metrics.workload_stats(rates, m.t_ready, m.t_migrate, end, hold).as_dict())
-    wl["guest_agent_errors"] = sum(len(a.errors) for a in (m.src_agent, m.dst_agent) if a)
-    ram_check: dict[str, Any] = {"result": "skipped"}
-    if m.ram_check is not None:
-        ram_check = m.ram_check.as_dict()
-    elif completed and not o.verify:
-        ram_check = {"result": "skipped", "why": "--no-verify"}
-    guest_errors = [e for a in (m.src_agent, m.dst_agent) if a for e in a.verify_errors
-                    if e.get("t", m.t0) >= m.t0]  # a handed-over agent has older ones
+    total = rec.total_ms
+    plan = rec.plan
+    is_lab = isinstance(lab, LabFacts)
+    ram_check = rec.ram_dict()
+    pause: dict[str, float | None] = {
+        "guest_pause_ms": None, "guest_pause_raw_ms": None,
+        "verify_hold_ms": rec.verify_hold_ms}
+    if isinstance(lab, LabFacts):
+        pause = dict(lab.pause)
+    net = dict(lab.network) if isinstance(lab, LabFacts) else {}
     disk: dict[str, Any] = {"disk_transferred_bytes": 0, "disk_dirty_amplification": None}
-    if m.disk is not None:
-        disk = m.disk.stats.as_report()
-    disk_check: dict[str, Any] = {"result": "skipped", "why": f"storage {o.storage}"}
-    if m.disk_check is not None:
-        disk_check = m.disk_check.as_dict()
-    net = dict(m.network)
+    disk_check: dict[str, Any] = {"result": "skipped", "why": "disk not copied by livemig"}
+    if isinstance(lab, LabFacts):
+        disk, disk_check = dict(lab.disk), dict(lab.disk_check)
+    workload: dict[str, Any] = (dict(lab.workload) if isinstance(lab, LabFacts) else
+                                {"spec": None, "why": "no livemig agent in the guest"})
+    settings: dict[str, Any] = {
+        "profile": plan.profile if plan else None,
+        **(rec.settings or {"capabilities": {}, "parameters": {}, "livemig": {}}),
+        "bandwidth": plan.bandwidth if plan else None,
+        "max_time": plan.max_time if plan else None,
+        "accel": plan.accel if plan else None,
+        "verify": rec.verify, "uri": rec.uri or None,
+    }
+    settings.update(lab.settings if lab is not None else {})
     report: dict[str, Any] = {
         "livemig_version": __version__,
-        "run_id": m.id,
-        "started_at": datetime.datetime.fromtimestamp(m.t0, datetime.UTC).isoformat(),
-        "outcome": m.result.outcome,
-        "reason": m.result.reason,
+        "run_id": rec.run_id,
+        "mode": "lab" if is_lab else "attach",
+        "started_at": datetime.datetime.fromtimestamp(rec.t0, datetime.UTC).isoformat(),
+        "outcome": rec.outcome,
+        "reason": rec.reason,
         "total_time_s": None if total is None else round(total / 1000.0, 3),
         "setup_time_ms": stats.get("setup-time"),
-        "downtime_ms": stats.get("downtime") if completed else None,
-        **m.pause(),
+        "downtime_ms": rec.downtime_ms,
+        **pause,
         "ram_transferred_bytes": ram.get("transferred"),
         "ram_total_bytes": ram.get("total"),
         **disk,
@@ -74,38 +103,28 @@ def build_report(m: Migration) -> dict[str, Any]:
         "network": net,
         "rounds": ram.get("dirty-sync-count"),
         "cpu_seconds": {
-            "source": m.cpu.get("source"),
-            "destination": m.cpu.get("destination"),
-            "source_migration_threads": round(m.src.migration_thread_cpu(), 3) if m.src else None,
+            "source": rec.cpu.get("source"),
+            "destination": rec.cpu.get("destination"),
+            "source_migration_threads": (lab.migration_thread_cpu
+                                         if isinstance(lab, LabFacts) else None),
         },
-        "workload": wl,
+        "workload": workload,
         "consistency": {
             "ram": ram_check["result"],
             "ram_detail": ram_check,
             "disk": disk_check["result"],
             "disk_detail": disk_check,
-            "guest": "mismatch" if guest_errors else (
-                "ok" if o.workload.verify else "skipped"),
-            "guest_errors": guest_errors[:16],
+            "guest": lab.guest if isinstance(lab, LabFacts) else "skipped",
+            "guest_errors": lab.guest_errors[:16] if isinstance(lab, LabFacts) else [],
         },
-        "source_after": m.source_after,
-        "pinning": m.pinning or None,
-        "encoding": m.encoding,
+        "source_after": rec.source_after,
+        "settings_restored": rec.restored,
+        "pinning": lab.pinning if isinstance(lab, LabFacts) else None,
+        "encoding": lab.encoding if isinstance(lab, LabFacts) else None,
         "qemu_final_stats": stats,
-        "timeline": m.timeline,
-        "events": m.events,
-        "settings": {
-            "profile": o.profile,
-            **m.resolved.as_dict(),
-            "memory": o.memory, "vcpus": o.vcpus, "bandwidth": o.bandwidth,
-            "max_time": o.max_time, "qemu": str(o.qemu), "accel": o.accel,
-            "testbed": o.testbed, "link_bits": o.link if o.testbed else None,
-            "storage": o.storage,
-            "accel_reason": o.accel_reason, "verify": o.verify,
-            "faults": m.injected or [
-                {"kind": f.kind, "address": f"{f.address:#x}"} for f in o.faults],
-            "total_time_includes_disk_copy": m.disk is not None,
-        },
+        "timeline": list(rec.timeline),
+        "events": list(rec.events),
+        "settings": settings,
     }
     return report
 
@@ -118,6 +137,34 @@ def write_report(report: dict[str, Any], path: Path) -> None:
         json.dump(report, f, indent=2, default=str)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def _workload_line(wl: dict[str, Any]) -> str:
+    if wl.get("spec") is None:
+        return "workload         - (no livemig agent in the guest)"
+    unit = wl.get("unit")
+
+    def rate(v: float | None) -> str:
+        if unit is None:
+            return fmt_rate(v)
+        return "-" if v is None else f"{v:.0f} {unit}"
+
+    line = (f"workload         normal {rate(wl.get('baseline_rate'))}"
+            + (f" (±{wl['baseline_spread_pct']:.0f}%)"
+               if wl.get("baseline_spread_pct") is not None else "")
+            + f", min {rate(wl.get('min_rate'))}, below 10% for "
+            f"{_f(wl.get('seconds_below_10pct'), 's')}, work lost "
+            f"{_f(wl.get('work_lost_s'), 's')}")
+    if wl.get("source") == "client":
+        line += (f"\n                 client errors {wl.get('client_errors')}, disconnects "
+                 f"{wl.get('client_disconnects')}, longest stall "
+                 f"{_f(wl.get('longest_stall_s'), 's')}, after switchover "
+                 f"{_f(wl.get('after_switchover_pct'), '%')} of normal")
+        if wl.get("data_check") is not None:
+            dc = wl["data_check"]
+            line += (f"\n                 data check: {dc.get('keys')} keys read back, "
+                     f"{dc.get('bad')} wrong, {dc.get('missing')} missing")
+    return line
 
 
 def summary(r: dict[str, Any]) -> str:
@@ -135,11 +182,13 @@ def summary(r: dict[str, Any]) -> str:
         f"CPU seconds      source {_f(r['cpu_seconds']['source'], '')}, destination "
         f"{_f(r['cpu_seconds']['destination'], '')}, migration threads "
         f"{_f(r['cpu_seconds']['source_migration_threads'], '')}",
-        f"workload         normal {fmt_rate(wl.get('baseline_rate'))}, min "
-        f"{fmt_rate(wl.get('min_rate'))}, below 10% for {_f(wl.get('seconds_below_10pct'), 's')}",
+        _workload_line(wl),
         f"consistency      RAM {cons['ram']}"
+        + (f" ({cons['ram_detail']['method']})" if cons["ram_detail"].get("method") else "")
         + (f" at {', '.join(cons['ram_detail']['first_mismatches'])}"
            if cons["ram"] == "mismatch" else "")
+        + (f" ({cons['ram_detail']['why']})"
+           if cons["ram"] == "skipped" and cons["ram_detail"].get("why") else "")
         + f", disk {cons['disk']}"
         + (f" at {', '.join(cons['disk_detail']['first_mismatches'])}"
            if cons["disk"] == "mismatch" else "")
@@ -156,8 +205,9 @@ def summary(r: dict[str, Any]) -> str:
                         f"dirty amplification {_f(r['disk_dirty_amplification'], 'x')}")
     if r.get("source_after"):
         sa = r["source_after"]
-        lines.append(f"source after     {sa.get('status')}, workload "
-                     f"{fmt_rate(sa.get('workload_rate'))}")
+        lines.append(f"source after     {sa.get('status')}"
+                     + (f", workload {fmt_rate(sa.get('workload_rate'))}"
+                        if "workload_rate" in sa else ""))
     return "\n".join(lines)
 
 

@@ -84,6 +84,9 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
     "disk-speed": LivemigSetting(0, _bytes, "disk mirror speed cap, bytes/s (0: none)"),
     "disk-copy-mode": LivemigSetting("background", _choice("background", "write-blocking"),
                                      "background|write-blocking (mirror copy mode)"),
+    "ram-check": LivemigSetting("auto", _choice("auto", "file", "digest"),
+                                "how guest RAM is verified: auto (RAM files when both ends "
+                                "have one, else QEMU's RAM digest), file, digest"),
 }
 
 # Stock QEMU only: these are the baselines livemig is judged against.

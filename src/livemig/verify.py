@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -19,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from livemig import paths
-from livemig.faults import Fault
-from livemig.migration import MigrateOptions, Migration, Running
+from livemig.lab.faults import Fault
+from livemig.lab.run import LabRun, MigrateOptions, Running
 from livemig.progress import Progress
-from livemig.report import build_report
 from livemig.settings import merge
 from livemig.spec import parse_workload
 from livemig.testbed import topology
@@ -109,7 +109,7 @@ class PingPong:
         self.dir = paths.run_root() / self.id
         self.hops: list[Hop] = []
         self.interrupted = False
-        self.current: Migration | None = None
+        self.current: LabRun | None = None
         self.running: Running | None = None
         self.images: tuple[Path, Path] | None = None
 
@@ -179,14 +179,14 @@ class PingPong:
             dst_host=hop.dst, source=self.running, keep_destination=True,
             images=self.images, testbed_held=True,
         )
-        mig = Migration(mopts, Progress(enabled=False))
+        mig = LabRun(mopts, Progress(enabled=False))
         self.current = mig
         try:
             await mig.run()
         finally:
             self.current = None
         hop.t0 = mig.t0
-        hop.report = build_report(mig)
+        hop.report = mig.report()
         hop.injected = list(mig.injected)
         handed = mig.handed_over()
         if handed is not None:
@@ -247,6 +247,7 @@ class PingPong:
             await self.running.vm.stop()
         with contextlib.suppress(FileNotFoundError):
             self.running.vm.config.mem_path.unlink()
+        shutil.rmtree(self.running.vm.config.run_dir, ignore_errors=True)
         self.running = None
 
     def summary(self) -> dict[str, Any]:

@@ -4,16 +4,19 @@ A VM here is always one of the two ends of a migration. Both ends get the same
 devices; the destination additionally waits for ``migrate-incoming`` (``-incoming
 defer``) and may be told not to start by itself after the migration (``-S``) so
 that its RAM can be compared with the source's before the guest runs again.
+
+No QEMU's life hangs on livemig's: each runs in its own session (no SIGKILL when
+livemig dies, no Ctrl-C from livemig's terminal); the run's state file
+(:mod:`livemig.lab.leftovers`) lets the next livemig command clean up after a run
+that died.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -21,22 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from qemu.qmp import QMPClient
-from qemu.qmp.error import QMPError
 
+from livemig.engine.endpoint import Endpoint
 from livemig.errors import VMError
 from livemig.paths import FIRMWARE_DIRS
 
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 AGENT_PORT_NAME = "org.livemig.agent0"
-
-
-def _die_with_parent() -> None:
-    """Run in the child before exec: QEMU gets SIGKILL when livemig dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -129,7 +125,7 @@ class VM:
         self.config = config
         self.name = config.name
         self.proc: subprocess.Popen[bytes] | None = None
-        self.qmp: QMPClient | None = None
+        self.endpoint: Endpoint | None = None
         self.started_at: float | None = None
         self._thread_cpu: dict[int, tuple[str, float]] = {}
 
@@ -145,7 +141,7 @@ class VM:
         try:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
+                start_new_session=True,
             )
         except OSError as e:
             raise VMError(f"{self.name}: cannot run {argv[0]}: {e.strerror}") from e
@@ -167,46 +163,33 @@ class VM:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    async def connect(self, timeout: float = 30.0) -> None:
+    @property
+    def qmp(self) -> QMPClient | None:
+        return self.endpoint.qmp if self.endpoint is not None else None
+
+    async def connect(self, timeout: float = 30.0) -> Endpoint:
         """Connect to QMP once the socket appears; fail early if QEMU exits."""
-        deadline = time.monotonic() + timeout
-        while not self.config.qmp_path.exists():
-            if not self.alive():
-                raise VMError(f"{self.name}: QEMU exited at start: {self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise VMError(f"{self.name}: QMP socket did not appear within {timeout:.0f}s")
-            await asyncio.sleep(0.02)
-        # the socket file appears at bind(), a moment before QEMU listens: a refused
-        # connection just means "not yet"
-        while True:
-            client = QMPClient(f"livemig-{self.name}")
-            try:
-                await asyncio.wait_for(client.connect(str(self.config.qmp_path)),
-                                       max(1.0, deadline - time.monotonic()))
-                break
-            except (QMPError, OSError, TimeoutError) as e:
-                refused = isinstance(e, ConnectionRefusedError) or "refused" in str(e)
-                if not refused or time.monotonic() > deadline or not self.alive():
-                    raise VMError(f"{self.name}: cannot connect to QMP: {e}") from e
-                await asyncio.sleep(0.05)
-        self.qmp = client
+        end = Endpoint(self.name, self.config.qmp_path, alive=self.alive, pid=self.pid,
+                       ram_file=self.config.mem_path)
+        try:
+            await end.connect(timeout)
+        except VMError as e:
+            tail = self.log_tail()
+            raise VMError(f"{e}" + (f": {tail}" if tail else "")) from e
+        self.endpoint = end
+        return end
 
     async def cmd(self, command: str, **args: Any) -> Any:
-        if self.qmp is None:
+        if self.endpoint is None:
             raise VMError(f"{self.name}: not connected")
-        try:
-            return await self.qmp.execute(command, args or None)
-        except QMPError as e:
-            raise VMError(f"{self.name}: {command}: {e}") from e
+        return await self.endpoint.cmd(command, **args)
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Quit QEMU politely, then kill it."""
-        if self.qmp is not None:
+        if self.endpoint is not None and self.endpoint.qmp is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.qmp.execute("quit"), 2.0)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.qmp.disconnect(), 2.0)
-            self.qmp = None
+                await asyncio.wait_for(self.endpoint.cmd("quit"), 2.0)
+            await self.endpoint.close()
         self.kill(timeout)
 
     def kill(self, timeout: float = 5.0) -> None:

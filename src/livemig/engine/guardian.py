@@ -1,0 +1,192 @@
+"""The guardian: a detached process that repairs a migration if livemig dies.
+
+Started (in its own session, so no signal to livemig's process group reaches it)
+before ``migrate-incoming``; it blocks reading a pipe whose write end only livemig
+holds. livemig writes ``done`` when it has finished normally; EOF without it means
+livemig died. Then the guardian connects to both QMP sockets (QEMU's monitor takes
+the next client once livemig's connection is gone) and makes it right:
+
+- migration not completed: ``migrate_cancel``, and the source runs (``cont`` if it
+  was left paused);
+- completed: the destination runs (``cont``: it was started with ``-S`` and the
+  source is stopped, so otherwise no guest would run anywhere); if the destination
+  did not load, the source runs instead;
+- no management throttle stays on (``cancel-cpu-throttle`` when QEMU has it), and
+  every capability/parameter livemig changed is set back on both ends.
+
+It never kills a QEMU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from livemig.errors import LivemigError
+
+log = logging.getLogger("livemig.guardian")
+
+CONNECT_TIMEOUT_S = 20.0
+RUNNABLE_PAUSED = ("paused", "postmigrate", "finish-migrate", "prelaunch")
+
+
+class Handle:
+    """livemig's side: dismiss the guardian when the run ends normally."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], wfd: int) -> None:
+        self.proc = proc
+        self.wfd = wfd
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def dismiss(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self.wfd, b"done\n")
+        with contextlib.suppress(OSError):
+            os.close(self.wfd)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+
+
+def start(spec: dict[str, Any], directory: Path) -> Handle:
+    """Start the guardian for ``spec`` (sockets, original settings)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = {**spec, "watch_pid": os.getpid()}
+    spec_path = directory / "guardian.json"
+    spec_path.write_text(json.dumps(spec))
+    rfd, wfd = os.pipe()  # both non-inheritable; rfd becomes the child's stdin only
+    logf = open(directory / "guardian.log", "ab")  # noqa: SIM115 - handed to the child
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "livemig.engine.guardian", str(spec_path)],
+            stdin=rfd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+            close_fds=True)
+    finally:
+        os.close(rfd)
+        logf.close()
+    return Handle(proc, wfd)
+
+
+def _wait_for_parent() -> bool:
+    """True when livemig said ``done``; False when it died (EOF without it)."""
+    data = b""
+    while True:
+        try:
+            chunk = os.read(0, 64)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return b"done" in data
+        data += chunk
+
+
+async def repair(spec: dict[str, Any]) -> dict[str, Any]:
+    """Make the migration safe after livemig died; return what was done."""
+    from livemig.engine.endpoint import Endpoint
+
+    src = Endpoint("src", Path(spec["src"]))
+    dst = Endpoint("dst", Path(spec["dst"]))
+    reachable = []
+    notes = []
+    for end in (src, dst):
+        try:
+            await end.connect(CONNECT_TIMEOUT_S)
+            reachable.append(end)
+        except LivemigError as e:
+            notes.append(f"{end.name}: not reachable: {e}")
+    try:
+        done = await repair_ends(src if src in reachable else None,
+                                 dst if dst in reachable else None, spec)
+    finally:
+        for end in (src, dst):
+            await end.close()
+    done["actions"][:0] = notes
+    return done
+
+
+async def repair_ends(src: Any, dst: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """The repair itself, on connected ends (None: unreachable)."""
+    from livemig.engine.negotiate import EndSettings, restore
+
+    done: dict[str, Any] = {"actions": []}
+    act = done["actions"].append
+    if src is not None:
+        info = await src.cmd("query-migrate")
+        status = info.get("status", "none")
+        if status not in ("completed", "failed", "cancelled", "none") and \
+                not str(status).startswith("postcopy"):
+            await src.cmd("migrate_cancel")
+            act(f"migrate_cancel (was {status})")
+            for _ in range(600):
+                status = (await src.cmd("query-migrate")).get("status")
+                if status in ("completed", "failed", "cancelled"):
+                    break
+                await asyncio.sleep(0.05)
+        if status == "completed" and await _resume_destination(dst, act):
+            pass
+        else:
+            st = (await src.cmd("query-status")).get("status")
+            if st in RUNNABLE_PAUSED:
+                await src.cmd("cont")
+                act(f"source cont (was {st})")
+        with contextlib.suppress(LivemigError):
+            if await src.has_command("cancel-cpu-throttle"):
+                await src.cmd("cancel-cpu-throttle")
+                act("cancel-cpu-throttle")
+    for end, key in ((src, "original_src"), (dst, "original_dst")):
+        if end is not None and key in spec:
+            with contextlib.suppress(LivemigError, OSError):
+                r = await restore(end, EndSettings.from_dict(spec[key]))
+                act(f"{end.name}: restored {r}")
+    return done
+
+
+async def _resume_destination(dst: Any, act: Any) -> bool:
+    """The migration completed: run the guest on the destination if it loaded."""
+    if dst is None:
+        return False
+    try:
+        incoming = (await dst.cmd("query-migrate")).get("status")
+        st = (await dst.cmd("query-status")).get("status")
+    except LivemigError:
+        return False
+    if st == "running":
+        act("destination already running")
+        return True
+    if incoming == "completed" and st in RUNNABLE_PAUSED:
+        await dst.cmd("cont")
+        act(f"destination cont (was {st})")
+        return True
+    return False
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s guardian %(message)s")
+    spec = json.loads(Path(argv[0]).read_text())
+    log.info("watching livemig pid %s", spec.get("watch_pid"))
+    if _wait_for_parent():
+        log.info("livemig finished normally")
+        return 0
+    log.info("livemig died: repairing")
+    t0 = time.monotonic()
+    try:
+        done = asyncio.run(repair(spec))
+    except Exception as e:  # log, never a traceback in someone's terminal
+        log.info("repair failed: %r", e)
+        return 1
+    log.info("repair done in %.1fs: %s", time.monotonic() - t0, done)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

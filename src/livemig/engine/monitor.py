@@ -1,0 +1,143 @@
+"""The monitor: one fixed-period loop with absolute deadlines.
+
+Each period the source is polled once (``query-migrate``), the reply parsed once
+into an :class:`Observation`, the policies run (the controller returns a
+:class:`Verdict`), and then the loop waits for the next tick — woken early by the
+source's ``MIGRATION`` events. ``MIGRATION_PASS`` events mark round boundaries.
+Whatever decides to cancel (a policy, ``--max-time``, Ctrl-C, a dead destination)
+goes through the same ``migrate_cancel``; the loop then runs on until QEMU
+reports a terminal state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from livemig.engine.decision import CONTINUE, Decision, Verdict
+from livemig.engine.endpoint import QmpEnd
+from livemig.engine.events import EventStream
+from livemig.engine.observe import Observation
+from livemig.errors import VMError
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+CANCEL_TIMEOUT_S = 60.0  # QEMU must reach a terminal state this long after a cancel
+
+
+class Policies(Protocol):
+    """The controller as the monitor sees it (:class:`livemig.control.Controller`)."""
+
+    @property
+    def active(self) -> bool: ...
+
+    async def tick(self, s: Any, cmd: Callable[..., Awaitable[Any]]) -> Verdict: ...
+
+
+class MonitorHooks(Protocol):
+    async def on_poll(self, now: float, obs: Observation) -> dict[str, Any]: ...
+
+    def disk_observation(self) -> dict[str, Any] | None: ...
+
+    async def pre_switchover(self) -> bool: ...
+
+    def destination_dead(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Terminal:
+    status: str  # completed | failed | cancelled
+    info: dict[str, Any]
+    cancelled_for: str | None
+
+
+class Monitor:
+    def __init__(self, src: QmpEnd, events: EventStream, period: float, t_migrate: float,
+                 max_time: float | None, interrupt: asyncio.Event,
+                 policies: Policies | None, hooks: MonitorHooks,
+                 timeline: list[dict[str, Any]], dst: QmpEnd | None = None) -> None:
+        self.src = src
+        self.dst = dst
+        self.events = events
+        self.period = period
+        self.t_migrate = t_migrate
+        self.max_time = max_time
+        self.interrupt = interrupt
+        self.policies = policies
+        self.hooks = hooks
+        self.timeline = timeline
+        self.passes = 0
+
+    async def run(self) -> Terminal:
+        start = time.monotonic()
+        tick = 0
+        cancelled_for: str | None = None
+        cancel_deadline: float | None = None
+        while True:
+            now = time.time()
+            obs = Observation.parse(now - self.t_migrate, await self.src.cmd("query-migrate"))
+            sample = {**obs.sample(), **await self.hooks.on_poll(now, obs)}
+            self.timeline.append(sample)
+            self.events.sample(obs.t, sample)
+            if obs.terminal:
+                return Terminal(obs.status, await self.src.cmd("query-migrate"),
+                                cancelled_for if obs.status == "cancelled" else None)
+            if obs.status == "pre-switchover" and not cancelled_for \
+                    and await self.hooks.pre_switchover():
+                continue
+            if cancelled_for is None:
+                verdict = await self._decide(obs)
+                if verdict.decision is Decision.CANCEL:
+                    cancelled_for = verdict.reason
+                    cancel_deadline = time.monotonic() + CANCEL_TIMEOUT_S
+                    self.events.event("phase cancelling: " + cancelled_for)
+                    self.events.say(f"cancelling: {cancelled_for}")
+                    await self.src.cmd("migrate_cancel")
+                elif verdict.decision in (Decision.FORCE, Decision.POSTCOPY):
+                    self.events.say(verdict.reason)
+            elif cancel_deadline is not None and time.monotonic() > cancel_deadline:
+                raise VMError(f"migration still {obs.status} {CANCEL_TIMEOUT_S:.0f}s after "
+                              "migrate_cancel")
+            tick += 1
+            await self._wait_until(start + tick * self.period)
+
+    async def _decide(self, obs: Observation) -> Verdict:
+        """The policies first (they may abort), then the run's own limits."""
+        verdict = CONTINUE
+        p = self.policies
+        if p is not None and p.active and obs.status == "active":
+            verdict = await p.tick(obs.snapshot(self.hooks.disk_observation()), self.src.cmd)
+        if verdict.decision is Decision.CANCEL:
+            return verdict
+        if self.interrupt.is_set():
+            return Verdict(Decision.CANCEL, "interrupted")
+        if self.max_time and obs.t > self.max_time:
+            return Verdict(Decision.CANCEL,
+                           f"did not converge within --max-time {self.max_time:g}s")
+        dead = self.hooks.destination_dead()
+        if dead:
+            raise VMError(dead)
+        if self.dst is not None and not self.dst.alive():
+            raise VMError(f"destination QEMU is gone ({self.dst.name})")
+        return verdict
+
+    async def _wait_until(self, deadline: float) -> None:
+        """Sleep until the absolute ``deadline``, or a MIGRATION status event."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            ev = await self.src.next_event(left)
+            if ev is None:
+                return
+            name = ev.get("event")
+            if name == "MIGRATION_PASS":
+                self.passes = int(ev.get("data", {}).get("pass", self.passes + 1))
+                self.events.event("round", round=self.passes)
+            elif name == "MIGRATION":
+                return

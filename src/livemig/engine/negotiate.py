@@ -1,0 +1,123 @@
+"""Settings: read both ends, resolve the plan against them, apply, and put back.
+
+The original capabilities and parameters of both ends are remembered before
+anything is changed; :func:`restore` sets back every one that differs at the end,
+whatever the outcome (also what the policies changed on the way: downtime limit,
+bandwidth, the throttle knob).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from livemig.engine.endpoint import QmpEnd
+from livemig.engine.plan import Plan
+from livemig.errors import VMError
+from livemig.settings import Resolved, resolve
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+# parameters QEMU reports but refuses to be given back as they are (or must not be
+# touched by a restore): TLS credentials are objects, block-bitmap-mapping a list
+_NOT_RESTORED = frozenset({"tls-creds", "tls-hostname", "tls-authz", "block-bitmap-mapping"})
+
+
+@dataclass(frozen=True)
+class EndSettings:
+    capabilities: dict[str, bool]
+    parameters: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"capabilities": dict(self.capabilities), "parameters": dict(self.parameters)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EndSettings:
+        return cls(dict(d.get("capabilities", {})), dict(d.get("parameters", {})))
+
+
+@dataclass(frozen=True)
+class Negotiated:
+    resolved: Resolved
+    capabilities: dict[str, bool]  # what is set on both ends
+    parameters: dict[str, Any]
+    original_src: EndSettings
+    original_dst: EndSettings
+
+
+async def read(end: QmpEnd) -> EndSettings:
+    caps = {c["capability"]: bool(c["state"])
+            for c in await end.cmd("query-migrate-capabilities")}
+    params = dict(await end.cmd("query-migrate-parameters"))
+    return EndSettings(caps, params)
+
+
+async def negotiate(src: QmpEnd, dst: QmpEnd, plan: Plan,
+                    src_now: EndSettings | None = None) -> Negotiated:
+    """Resolve the plan against the source's QEMU (both ends run the same kind)."""
+    s = src_now or await read(src)
+    d = await read(dst)
+    wanted = plan.wanted
+    if plan.bandwidth is not None:
+        wanted["max-bandwidth"] = str(plan.bandwidth)
+    resolved = resolve(wanted, s.capabilities, s.parameters)
+    # 'events' makes QEMU emit MIGRATION / MIGRATION_PASS: their timestamps time the
+    # switchover and mark rounds
+    caps = {"events": True, **resolved.capabilities}
+    if plan.pause_before_switchover:
+        caps["pause-before-switchover"] = True
+    return Negotiated(resolved, caps, dict(resolved.parameters), s, d)
+
+
+async def apply(src: QmpEnd, dst: QmpEnd, n: Negotiated) -> None:
+    """Both ends get the same capabilities and parameters (QEMU requires it for
+    multifd, compression and most capabilities)."""
+    for end, orig in ((src, n.original_src), (dst, n.original_dst)):
+        caps = [{"capability": k, "state": v} for k, v in n.capabilities.items()
+                if orig.capabilities.get(k) != v]
+        if caps:
+            await end.cmd("migrate-set-capabilities", capabilities=caps)
+        if n.parameters:
+            await end.cmd("migrate-set-parameters", **n.parameters)
+
+
+async def restore(end: QmpEnd, original: EndSettings) -> dict[str, Any]:
+    """Set back every capability and parameter that differs from ``original``.
+
+    Returns what was restored (and what could not be). Each parameter that QEMU
+    refuses alone is retried one by one, so one refusal does not keep the rest."""
+    done: dict[str, Any] = {"capabilities": {}, "parameters": {}, "errors": []}
+    now = await read(end)
+    params = {k: v for k, v in original.parameters.items()
+              if k not in _NOT_RESTORED and k in now.parameters and now.parameters[k] != v}
+    if params:
+        try:
+            await end.cmd("migrate-set-parameters", **params)
+            done["parameters"] = params
+        except VMError:
+            for k, v in params.items():
+                try:
+                    await end.cmd("migrate-set-parameters", **{k: v})
+                    done["parameters"][k] = v
+                except VMError as e:
+                    done["errors"].append(f"{k}: {e}")
+    caps = {k: v for k, v in original.capabilities.items()
+            if k in now.capabilities and now.capabilities[k] != v}
+    if caps:
+        # switch capabilities off before others on: QEMU checks combinations per call
+        order = sorted(caps.items(), key=lambda kv: kv[1])
+        try:
+            await end.cmd("migrate-set-capabilities", capabilities=[
+                {"capability": k, "state": v} for k, v in order])
+            done["capabilities"] = caps
+        except VMError:
+            for k, v in order:
+                try:
+                    await end.cmd("migrate-set-capabilities",
+                                  capabilities=[{"capability": k, "state": v}])
+                    done["capabilities"][k] = v
+                except VMError as e:
+                    done["errors"].append(f"{k}: {e}")
+    return done

@@ -1,0 +1,360 @@
+"""The engine: one migration between two QMP endpoints, from plan to record.
+
+Phases (libvirt's naming, one method each)::
+
+    negotiate ─▶ incoming ─▶ migrate ─▶ monitor ─┬▶ switchover ─▶ verify ─▶ resume
+                                                 └▶ cancelled / failed ─▶ source runs on
+
+Rollback rule: until the destination has been resumed, the source is the VM.
+Whatever goes wrong before that point, the source is left (or put back) running;
+the engine never kills a QEMU (the caller owns the processes). Whatever the
+outcome, every capability and parameter changed on either end is set back, and a
+detached guardian (:mod:`livemig.engine.guardian`) makes the same repairs if this
+process dies on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from livemig.control import Controller
+from livemig.engine import guardian
+from livemig.engine.endpoint import QmpEnd
+from livemig.engine.events import EventStream
+from livemig.engine.monitor import Monitor
+from livemig.engine.negotiate import Negotiated, apply, negotiate, restore
+from livemig.engine.observe import TERMINAL, Observation
+from livemig.engine.plan import Plan
+from livemig.engine.record import MigrationRecord
+from livemig.engine.verify import RamVerdict, skipped, verify_ram
+from livemig.errors import LivemigError, UsageError, VMError
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+DST_LOAD_TIMEOUT_S = 60.0
+PAUSED = ("paused", "postmigrate", "finish-migrate", "prelaunch", "inmigrate")
+
+
+class Interrupted(LivemigError):
+    """Ctrl-C or SIGTERM during a run."""
+
+
+class Hooks:
+    """What a caller may add around the migration; the defaults do nothing (attach).
+
+    The lab overrides them: warm-up, disk mirror, thread pinning, guest metrics in
+    the timeline, fault injection before the comparison, the disk comparison."""
+
+    def disk_link(self) -> float | None:
+        return None
+
+    async def warmup(self) -> None:
+        return None
+
+    async def before_ram(self) -> None:
+        """``migrate`` is about to be issued (the lab copies the disk first)."""
+
+    async def on_poll(self, now: float, obs: Observation) -> dict[str, Any]:
+        return {}
+
+    def disk_observation(self) -> dict[str, Any] | None:
+        return None
+
+    async def pre_switchover(self) -> bool:
+        """QEMU stopped at pre-switchover: handle it and return True, or False."""
+        return False
+
+    def destination_dead(self) -> str | None:
+        return None
+
+    async def before_verify(self) -> None:
+        return None
+
+    async def verify_more(self) -> None:
+        return None
+
+    async def after_resume(self) -> None:
+        return None
+
+    async def after_failure(self) -> None:
+        return None
+
+
+@dataclass
+class _State:
+    t_migrate: float | None = None
+    t_ram: float | None = None
+    t_dst_done: float | None = None
+    t_cont: float | None = None
+    outcome: str = "failed"
+    reason: str | None = None
+    final: dict[str, Any] | None = None
+    ram: RamVerdict | None = None
+    source_after: dict[str, Any] | None = None
+    dst_status: str | None = None
+
+
+class Engine:
+    """Drives one migration from ``src`` to ``dst`` as the plan says."""
+
+    def __init__(self, src: QmpEnd, dst: QmpEnd, plan: Plan, *,
+                 events: EventStream | None = None, hooks: Hooks | None = None,
+                 interrupt: asyncio.Event | None = None, run_id: str | None = None,
+                 guardian_dir: Path | None = None) -> None:
+        self.src, self.dst, self.plan = src, dst, plan
+        self.events = events or EventStream()
+        self.hooks = hooks or Hooks()
+        self.interrupt = interrupt or asyncio.Event()
+        self.id = run_id or uuid.uuid4().hex[:8]
+        self.guardian_dir = guardian_dir
+        self.neg: Negotiated | None = None
+        self.controller: Controller | None = None
+        self.timeline: list[dict[str, Any]] = []
+        self.s = _State()
+        self.cpu: dict[str, float | None] = {}
+        self.restored: dict[str, Any] = {}
+        self._guardian: guardian.Handle | None = None
+
+    # -- the run ----------------------------------------------------------------------
+    async def run(self) -> MigrationRecord:
+        try:
+            await self._run()
+        except Interrupted as e:
+            await self._rollback("aborted", str(e))
+        except UsageError as e:
+            if self.s.t_migrate is None:  # nothing started: put settings back, tell
+                await self._finish()
+                raise
+            await self._rollback("failed", str(e))
+        except (LivemigError, OSError) as e:
+            await self._rollback("failed", str(e))
+        await self._finish()
+        return self.record()
+
+    async def _run(self) -> None:
+        p = self.plan
+        self.neg = await negotiate(self.src, self.dst, p)
+        params = self.neg.original_src.parameters
+        commands = {c["name"] for c in await self.src.cmd("query-commands")}
+        self.controller = Controller(
+            self.neg.resolved.livemig, params, p.accel,
+            int(self.neg.parameters.get("downtime-limit", params.get("downtime-limit", 300))),
+            lambda what, data: self.events.event(what, **data),
+            disk_link=self.hooks.disk_link(), ram_cap=p.bandwidth, qemu_commands=commands)
+        await apply(self.src, self.dst, self.neg)
+        self.events.event("settings applied", **self.neg.resolved.as_dict())
+        if self.guardian_dir is not None:
+            self._guardian = guardian.start(self._guardian_spec(), self.guardian_dir)
+        await self._incoming()
+        self.events.event("phase warmup")
+        await self.hooks.warmup()
+        self._check_interrupt()
+        self.events.event("phase migrating")
+        self.cpu["source_before"] = proc_cpu(self.src.pid)
+        self.s.t_migrate = time.time()
+        await self.hooks.before_ram()
+        self.s.t_ram = time.time()
+        await self.src.cmd("migrate", uri=p.uri)
+        self.events.say("migration started")
+        mon = Monitor(self.src, self.events, float(self.neg.resolved.livemig["poll-interval"]),
+                      self.s.t_migrate, p.max_time, self.interrupt, self.controller,
+                      self.hooks, self.timeline, dst=self.dst)
+        end = await mon.run()
+        self.s.final = end.info
+        await self._release_controls()
+        if end.status == "completed":
+            await self._switchover()
+        elif end.status == "cancelled":
+            self.s.outcome, self.s.reason = "aborted", end.cancelled_for or "cancelled"
+            await self._source_runs()
+        else:
+            raise VMError(f"migration {end.status}: {end.info.get('error-desc', '?')}")
+
+    async def _incoming(self) -> None:
+        """The destination listens. ``exit-on-error=false`` (QEMU >= 9.1): a failed
+        or cancelled migration leaves the destination QEMU up for its owner to decide
+        about, instead of QEMU exiting by itself."""
+        try:
+            await self.dst.cmd("migrate-incoming", uri=self.plan.uri, **{"exit-on-error": False})
+        except VMError as e:
+            if "exit-on-error" not in str(e):
+                raise
+            await self.dst.cmd("migrate-incoming", uri=self.plan.uri)
+
+    async def _switchover(self) -> None:
+        self.events.event("phase switched")
+        self.cpu["source"] = _delta(proc_cpu(self.src.pid), self.cpu.get("source_before"))
+        self.s.t_dst_done = await self._wait_destination_done()
+        await self.hooks.before_verify()
+        status = (await self.dst.cmd("query-status")).get("status")
+        if self.plan.verify:
+            self.events.event("phase verifying")
+            if status == "running":
+                self.s.ram = skipped("the destination runs already (not started with -S)")
+            else:
+                self.events.say("comparing guest RAM: source vs destination")
+                self.s.ram = await verify_ram(
+                    self.src, self.dst, str(self.neg.resolved.livemig["ram-check"]) if self.neg
+                    else "auto")
+                self.events.event("ram compared", **self.s.ram.as_dict())
+                await self.hooks.verify_more()
+        if status in PAUSED:
+            await self.dst.cmd("cont")
+            self.s.t_cont = time.time()
+        self.s.outcome = "completed"
+        self.events.event("phase settling")
+        await self.hooks.after_resume()
+        self.cpu["destination"] = proc_cpu(self.dst.pid)
+        self.s.dst_status = (await self.dst.cmd("query-status")).get("status")
+        self.events.event("destination after", status=self.s.dst_status)
+        if self.s.dst_status != "running":
+            raise VMError(f"destination is {self.s.dst_status} after the migration")
+
+    async def _wait_destination_done(self) -> float:
+        """When the destination finished loading: QEMU's MIGRATION event timestamp,
+        so livemig's polling latency does not count as pause."""
+        deadline = time.monotonic() + DST_LOAD_TIMEOUT_S
+        while time.monotonic() < deadline:
+            ev = await self.dst.next_event(0.05)
+            if ev is not None and ev.get("event") == "MIGRATION":
+                status = ev.get("data", {}).get("status")
+                if status == "completed":
+                    ts = ev.get("timestamp", {})
+                    return float(ts.get("seconds", 0)) + float(ts.get("microseconds", 0)) / 1e6
+                if status == "failed":
+                    info = await self.dst.cmd("query-migrate")
+                    raise VMError(f"destination failed to load: {info.get('error-desc', '?')}")
+            dead = self.hooks.destination_dead()
+            if dead:
+                raise VMError(dead)
+        raise VMError(f"destination did not finish loading within {DST_LOAD_TIMEOUT_S:.0f}s")
+
+    # -- failure ----------------------------------------------------------------------
+    async def _rollback(self, outcome: str, reason: str) -> None:
+        log.info("rollback: %s: %s", outcome, reason)
+        self.events.say(f"{outcome}: {reason}")
+        if self.s.outcome == "completed":
+            # switched over already: the destination is the VM now; only record
+            self.s.outcome, self.s.reason = "failed", reason
+            self.events.event("phase failed: " + reason)
+            return
+        self.s.outcome, self.s.reason = outcome, reason
+        self.events.event("phase failed: " + reason)
+        if not self.src.alive() or self.s.t_migrate is None:
+            return
+        with contextlib.suppress(LivemigError, OSError):
+            await self._release_controls()
+            await self.hooks.after_failure()
+            info = await self.src.cmd("query-migrate")
+            if info.get("status") not in (*TERMINAL, None, "none"):
+                await self.src.cmd("migrate_cancel")
+                info = await self._wait_source_terminal()
+            self.s.final = info
+        await self._source_runs()
+
+    async def _wait_source_terminal(self) -> dict[str, Any]:
+        info: dict[str, Any] = {}
+        for _ in range(400):
+            info = await self.src.cmd("query-migrate")
+            if info.get("status") in TERMINAL:
+                break
+            await asyncio.sleep(0.05)
+        return info
+
+    async def _source_runs(self) -> None:
+        """After a cancel or failure: the source must run (``cont`` if QEMU left it
+        paused after a failed switchover)."""
+        after: dict[str, Any] = {"running": False}
+        try:
+            status = (await self.src.cmd("query-status")).get("status")
+            if status in ("postmigrate", "paused", "finish-migrate"):
+                self.events.event("source was left paused; resuming it", status=status)
+                await self.src.cmd("cont")
+                status = (await self.src.cmd("query-status")).get("status")
+            after["status"] = status
+            after["running"] = status == "running"
+        except LivemigError as e:
+            after["error"] = str(e)
+        self.cpu["source"] = _delta(proc_cpu(self.src.pid), self.cpu.get("source_before"))
+        self.s.source_after = after
+
+    async def _release_controls(self) -> None:
+        """No throttle and no IO cap survive the migration, whatever its outcome."""
+        if self.controller is not None and self.src.alive():
+            await self.controller.release(self.src.cmd)
+        with contextlib.suppress(LivemigError):
+            if self.src.alive() and await self.src.has_command("cancel-cpu-throttle"):
+                await self.src.cmd("cancel-cpu-throttle")
+
+    async def _finish(self) -> None:
+        """Put back every setting changed on either end; dismiss the guardian."""
+        if self.neg is not None:
+            for name, end, orig in (("source", self.src, self.neg.original_src),
+                                    ("destination", self.dst, self.neg.original_dst)):
+                if not end.alive():
+                    continue
+                try:
+                    self.restored[name] = await restore(end, orig)
+                except (LivemigError, OSError) as e:
+                    self.restored[name] = {"errors": [str(e)]}
+            self.events.event("settings restored", **self.restored)
+        if self._guardian is not None:
+            self._guardian.dismiss()
+            self._guardian = None
+        self.t_end = time.time()
+
+    def _guardian_spec(self) -> dict[str, Any]:
+        assert self.neg is not None
+        return {
+            "src": str(getattr(self.src, "socket_path", "")),
+            "dst": str(getattr(self.dst, "socket_path", "")),
+            "run_id": self.id,
+            "original_src": self.neg.original_src.as_dict(),
+            "original_dst": self.neg.original_dst.as_dict(),
+        }
+
+    def _check_interrupt(self) -> None:
+        if self.interrupt.is_set():
+            raise Interrupted("interrupted")
+
+    # -- result -----------------------------------------------------------------------
+    def record(self) -> MigrationRecord:
+        s = self.s
+        return MigrationRecord(
+            run_id=self.id, uri=self.plan.uri, t0=self.events.t0, t_migrate=s.t_migrate,
+            t_ram=s.t_ram, t_end=getattr(self, "t_end", time.time()),
+            t_dst_done=s.t_dst_done, t_cont=s.t_cont, outcome=s.outcome, reason=s.reason,
+            final_stats=dict(s.final or {}),
+            settings=self.neg.resolved.as_dict() if self.neg else {},
+            timeline=tuple(self.timeline), events=tuple(self.events.log), ram=s.ram,
+            verify=self.plan.verify, source_after=s.source_after,
+            restored=dict(self.restored), cpu=dict(self.cpu),
+            destination_status=s.dst_status, plan=self.plan)
+
+
+
+
+def proc_cpu(pid: int | None) -> float | None:
+    """User+system CPU seconds of a local process, or None."""
+    if pid is None:
+        return None
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    import os
+
+    fields = text.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round(a - b, 3)
