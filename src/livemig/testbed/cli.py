@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from livemig.migration import ensure_root
@@ -21,7 +22,14 @@ def register(sub: Any) -> None:
     u.add_argument("--link", default=topology.DEFAULT_LINK,
                    help="migration link rate: 100mbit, 1gbit, 10gbit or none "
                         f"(default {topology.DEFAULT_LINK})")
+    u.add_argument("--libvirt", action="store_true",
+                   help="also start a libvirt daemon in each of src and dst (own "
+                        "directories and host UUID; plain TCP without auth: a test lab)")
     u.set_defaults(func=_up)
+    lu = tsub.add_parser("libvirt-uri", help="print the connection URI of a host's "
+                         "libvirt daemon (testbed up --libvirt)")
+    lu.add_argument("host", choices=("src", "dst"))
+    lu.set_defaults(func=_libvirt_uri)
     d = tsub.add_parser("down", help="remove the hosts and everything in them "
                         "(also repairs what a crashed run left)")
     d.set_defaults(func=_down)
@@ -46,6 +54,22 @@ def _up(a: argparse.Namespace) -> int:
         else:
             topology.up(link, owner="testbed up")
             print(f"testbed up: hosts {', '.join(topology.HOSTS.values())}, link {a.link}")
+        if a.libvirt:
+            from livemig.testbed import libvirtd
+
+            for side, uri in libvirtd.up().items():
+                print(f"libvirtd on {side}: {uri}")
+    return 0
+
+
+def _libvirt_uri(a: argparse.Namespace) -> int:
+    from livemig.testbed import libvirtd
+
+    if not libvirtd.is_running(a.host):
+        print(f"livemig: error: no libvirt daemon on {a.host} "
+              "(livemig testbed up --libvirt)", file=sys.stderr)
+        return 2
+    print(libvirtd.uri(a.host))
     return 0
 
 
