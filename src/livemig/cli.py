@@ -81,6 +81,17 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--run-id", help="name of this run (default: random); QEMU processes "
                    "are named livemig-RUNID-src/dst")
     m.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+    lv = m.add_argument_group("libvirt (migrate a running domain between two daemons)")
+    lv.add_argument("--domain", metavar="NAME", help="the libvirt domain to migrate "
+                    "(instead of a lab VM)")
+    lv.add_argument("--connect", metavar="SRC_URI", help="the source daemon, e.g. "
+                    "qemu+tcp://10.77.0.1/system (livemig testbed libvirt-uri src)")
+    lv.add_argument("--to", metavar="DST_URI", help="the destination daemon")
+    lv.add_argument("--unsafe", action="store_true", help="pass VIR_MIGRATE_UNSAFE: the "
+                    "disk is shared but libvirt cannot tell (e.g. one local file both "
+                    "testbed hosts see)")
+    lv.add_argument("--migrate-uri", metavar="URI", help="where the migration stream "
+                    "goes (default: the destination's migration_host)")
 
     b = sub.add_parser("bench", help="run scenarios x profiles side by side")
     b.add_argument("scenarios", nargs="+", type=Path, help="scenario files (bench/scenarios)")
@@ -215,6 +226,12 @@ async def _run_migration(mig: Migration) -> None:
 
 
 def cmd_migrate(a: argparse.Namespace) -> int:
+    if a.domain is not None:
+        from livemig.virt.cli import cmd_migrate_domain
+
+        return cmd_migrate_domain(a, vars(_build_parser().parse_args(["migrate"])))
+    if a.connect or a.to or a.unsafe or a.migrate_uri:
+        raise UsageError("--connect, --to, --unsafe and --migrate-uri go with --domain")
     opts = _migrate_options(a)
     ensure_root()
     mig = Migration(opts, Progress(enabled=not a.quiet))

@@ -84,7 +84,7 @@ def side_of_address(host: str) -> str | None:
 
 
 def state_file() -> Path:
-    return root() / "state.json"
+    return root() / "daemons.json"  # not state.json: run dirs use that name
 
 
 def read_state() -> dict[str, Any]:
@@ -244,8 +244,9 @@ def up() -> dict[str, str]:
 def _ensure_pool(side: str) -> None:
     """A directory pool on the host's own images directory, so that libvirt can
     pre-create the destination's image of a copied (``--storage copy``) disk."""
-    import libvirt  # the binding is needed only with --libvirt
+    from livemig.virt.conn import libvirt_module  # the binding: only with --libvirt
 
+    libvirt = libvirt_module()
     conn = libvirt.open(local_uri(side))
     try:
         try:
@@ -272,6 +273,16 @@ def shared_dir() -> Path:
 def image_path(side: str, name: str) -> Path:
     """Where ``IMAGES_DIR/name`` of ``side`` lives as seen from the root namespace."""
     return host_dir(side) / "lib" / "images" / name
+
+
+def host_view(side: str, path: str) -> Path:
+    """Where a path seen by ``side``'s daemon (and its QEMUs) is in the root
+    namespace: its per-host directories are bind mounts, everything else is shared."""
+    p = Path(path)
+    for sub, target in _MOUNTS.items():
+        if p == Path(target) or Path(target) in p.parents:
+            return host_dir(side) / sub / p.relative_to(target)
+    return p
 
 
 def down() -> list[str]:

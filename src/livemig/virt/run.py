@@ -1,0 +1,576 @@
+"""One migration of a libvirt domain, driven through libvirt's API.
+
+Phases (one method each): ``prepare`` (connections, domain, what its QEMU offers,
+the plan, the source-side passthrough settings, remembered for restoring) →
+``migrate`` (a thread blocked in ``virDomainMigrateToURI3``, peer-to-peer, while
+the main loop polls ``jobStats()``, feeds livemig's policies, renews the throttle
+lease and aborts on Ctrl-C or ``--max-time``) → ``finish`` (on success: completed
+statistics from the destination, the disk comparison while the destination is held
+paused, then resume it; otherwise: the source keeps running and everything livemig
+changed on it is restored).
+
+livemig never stops or kills the domain: libvirt does the switchover, and on any
+failure or abort libvirt resumes the source; livemig only undoes its own settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from livemig.diskcheck import compare_images
+from livemig.errors import LivemigError, UsageError
+from livemig.policy.base import (
+    AbortMigration,
+    Action,
+    ForceSwitchover,
+    Policy,
+    SetDowntimeLimit,
+    SetRamBandwidth,
+    SetThrottle,
+    Snapshot,
+    StartPostcopy,
+    StrategyExhausted,
+)
+from livemig.policy.convergence import DowntimeRamp, LastResort
+from livemig.policy.throttle import ThrottlePolicy
+from livemig.progress import Progress
+from livemig.virt import qmp
+from livemig.virt.conn import LibvirtError, find, libvirt_module, lookup, message, open_uri
+from livemig.virt.plan import (
+    LEASE_PARAM,
+    PAUSED,
+    POLICY_THROTTLES,
+    THROTTLE_CANCEL,
+    THROTTLE_COMMAND,
+    THROTTLE_PARAM,
+    Plan,
+    Request,
+    make_plan,
+    with_globals,
+)
+
+log = logging.getLogger(__name__)
+
+LEASE_MS = 1000  # the throttle falls back to 0 unless renewed (polls are 4x faster)
+ABORT_WAIT_S = 60.0
+RAM_DIGEST_COMMAND = "x-query-ram-digest"
+
+
+@dataclass(frozen=True)
+class DomainOptions:
+    domain: str
+    src_uri: str
+    dst_uri: str
+    profile: str
+    wanted: dict[str, str]
+    explicit: frozenset[str]
+    request: Request
+    max_time: float | None = None
+
+
+@dataclass
+class Outcome:
+    outcome: str = "failed"  # completed | aborted | failed
+    reason: str | None = None
+
+
+@dataclass
+class DomainRun:
+    """What one run observed; ``record.build`` turns it into the report."""
+
+    opts: DomainOptions
+    t0: float = field(default_factory=time.time)
+    t_migrate: float | None = None
+    t_end: float | None = None
+    result: Outcome = field(default_factory=Outcome)
+    plan: Plan | None = None
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    completed_stats: dict[str, Any] = field(default_factory=dict)
+    cpu: dict[str, float | None] = field(default_factory=dict)
+    ram_check: dict[str, Any] = field(default_factory=dict)
+    disk_check: dict[str, Any] = field(default_factory=dict)
+    source_after: dict[str, Any] | None = None
+    destination: dict[str, Any] = field(default_factory=dict)
+    libvirt: dict[str, Any] = field(default_factory=dict)
+
+    def event(self, what: str, **data: Any) -> None:
+        self.events.append({"t": round(time.time() - self.t0, 3), "event": what, **data})
+
+
+class DomainMigration:
+    def __init__(self, opts: DomainOptions, progress: Progress) -> None:
+        self.opts = opts
+        self.progress = progress
+        self.run = DomainRun(opts)
+        self.libvirt = libvirt_module()
+        self.src_conn: Any = None
+        self.dst_conn: Any = None
+        self.dom: Any = None
+        self.disks: dict[str, str] = {}  # target -> source path (copied disks)
+        self.restore_params: dict[str, Any] = {}
+        self.restore_caps: dict[str, bool] = {}
+        self.orig_downtime: int | None = None
+        self.downtime_changed = False
+        self.throttle_pct = 0
+        self.policies: list[Policy] = []
+        self.last_resort: LastResort | None = None
+        self.stop_reason: str | None = None
+        self._stop = threading.Event()
+
+    # -- phase 1 ------------------------------------------------------------------------
+    def prepare(self) -> None:
+        o = self.opts
+        self.src_conn = open_uri(o.src_uri, "--connect")
+        self.dom = lookup(self.src_conn, o.domain, o.src_uri)
+        if not self.dom.isActive():
+            raise UsageError(f"domain {o.domain!r} is not running on {o.src_uri} "
+                             "(livemig migrates running domains)")
+        self.dst_conn = open_uri(o.dst_uri, "--to")
+        if _host_uuid(self.src_conn) == _host_uuid(self.dst_conn):
+            raise UsageError("--connect and --to reach the same libvirt host (same host "
+                             "UUID)")
+        other = find(self.dst_conn, o.domain)
+        if other is not None and other.isActive():
+            raise UsageError(f"domain {o.domain!r} already runs on {o.dst_uri}")
+        xml = self.dom.XMLDesc(0)
+        self.disks = _writable_disks(xml)
+        info = qmp.probe(self.dom)
+        req = o.request
+        if req.storage == "copy":
+            req = Request(**{**req.__dict__, "disks": tuple(self.disks)})
+        plan = make_plan(o.wanted, o.explicit, info, req)
+        if req.storage == "copy":
+            if not self.disks:
+                raise UsageError(f"--storage copy: domain {o.domain!r} has no writable disk")
+            shared = _same_file_on_both(o.src_uri, o.dst_uri, list(self.disks.values()))
+            if shared:
+                raise UsageError(f"--storage copy: both hosts see {shared} as the same "
+                                 "file (shared storage: use --storage shared)")
+        self.run.plan = plan
+        self.run.libvirt = {
+            "library_version": _version(self.libvirt.getVersion()),
+            "source_daemon": _version(self.src_conn.getLibVersion()),
+            "destination_daemon": _version(self.dst_conn.getLibVersion()),
+            "emulator": _emulator(xml),
+            "source_host": self.src_conn.getHostname(),
+            "destination_host": self.dst_conn.getHostname(),
+        }
+        self.run.ram_check = self._ram_check_plan(info.commands)
+        for note in plan.notes:
+            self.run.event("not applied", note=note)
+            self.progress.step(note)
+        self._apply_source_settings(plan, dict(info.parameters))
+        if plan.throttle in POLICY_THROTTLES:
+            self.policies.append(ThrottlePolicy(plan.throttle))
+        if plan.downtime_ramp:
+            start = plan.downtime_ms or int(info.parameters.get("downtime-limit", 300))
+            self.policies.append(DowntimeRamp(start, plan.max_downtime))
+        self.last_resort = LastResort(plan.on_stall)
+        with contextlib.suppress(self.libvirt.libvirtError):
+            self.orig_downtime = int(self.dom.migrateGetMaxDowntime(0))
+
+    def _ram_check_plan(self, commands: frozenset[str]) -> dict[str, Any]:
+        if RAM_DIGEST_COMMAND not in commands:
+            return {"result": "skipped",
+                    "why": f"the domain's QEMU has no {RAM_DIGEST_COMMAND} (the patched "
+                           "build adds it)"}
+        return {"result": "skipped",
+                "why": "libvirt stops the source QEMU in the same step that completes "
+                       "the migration, so the frozen source cannot be digested from "
+                       "outside; needs QEMU to digest at switchover (see docs)"}
+
+    def _apply_source_settings(self, plan: Plan, current: dict[str, Any]) -> None:
+        if plan.src_caps:
+            caps = qmp.current_capabilities(self.dom)
+            self.restore_caps = {k: caps[k] for k in plan.src_caps if k in caps}
+            qmp.command(self.dom, "migrate-set-capabilities", capabilities=[
+                {"capability": k, "state": v} for k, v in plan.src_caps.items()])
+        if plan.src_qmp:
+            self.restore_params = {k: current[k] for k in plan.src_qmp if k in current}
+            try:
+                qmp.command(self.dom, "migrate-set-parameters", **plan.src_qmp)
+            except LibvirtError as e:
+                self._restore_source()
+                raise UsageError(f"the domain's QEMU refused {plan.src_qmp}: {e}") from None
+        if plan.src_qmp or plan.src_caps:
+            self.run.event("source passthrough set", parameters=plan.src_qmp,
+                           capabilities=plan.src_caps)
+
+    # -- phase 2 ------------------------------------------------------------------------
+    def migrate(self) -> None:
+        plan = self.run.plan
+        assert plan is not None
+        params = dict(plan.params)
+        if plan.dst_globals:
+            xml = self.dom.XMLDesc(self.libvirt.VIR_DOMAIN_XML_MIGRATABLE)
+            params[self.libvirt.VIR_MIGRATE_PARAM_DEST_XML] = with_globals(
+                xml, plan.dst_globals)
+        box: dict[str, BaseException] = {}
+
+        def body() -> None:
+            try:
+                self.dom.migrateToURI3(self.opts.dst_uri, params, plan.flags)
+            except BaseException as e:  # handed to the main loop
+                box["error"] = e
+
+        self.progress.step(f"migrating {self.opts.domain}: {self.opts.src_uri} -> "
+                           f"{self.opts.dst_uri} ({', '.join(plan.flag_names())})")
+        self.run.event("migration started", flags=plan.flag_names(), params=params)
+        self.run.t_migrate = time.time()
+        cpu0 = _cpu_seconds(self.dom)
+        cpu_last = cpu0
+        thread = threading.Thread(target=body, name="libvirt-migrate", daemon=True)
+        with self._signals():
+            thread.start()
+            downtime_set = False
+            while thread.is_alive():
+                thread.join(plan.poll_interval)
+                if not thread.is_alive():
+                    break
+                if self._stop.is_set():
+                    self._abort(thread)
+                    break
+                if (self.opts.max_time is not None
+                        and time.time() - self.run.t_migrate > self.opts.max_time):
+                    self.stop_reason = f"--max-time {self.opts.max_time:g} s reached"
+                    self._abort(thread)
+                    break
+                stats = self._job_stats()
+                if stats is None:
+                    continue
+                if not downtime_set and plan.downtime_ms is not None:
+                    downtime_set = self._set_downtime(plan.downtime_ms, "--set downtime-limit")
+                cpu_last = _cpu_seconds(self.dom) or cpu_last
+                self._tick(stats)
+        self.run.t_end = time.time()
+        if cpu0 is not None and cpu_last is not None:
+            self.run.cpu["source"] = round(cpu_last - cpu0, 3)
+        err = box.get("error")
+        if err is None:
+            self.run.result = Outcome("completed")
+        elif self.stop_reason is not None:
+            self.run.result = Outcome("aborted", self.stop_reason)
+        else:
+            self.run.result = Outcome("failed", message(err) if isinstance(
+                err, self.libvirt.libvirtError) else repr(err))
+        self.progress.close()
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        def handler(signum: int, _frame: object) -> None:
+            self.stop_reason = f"interrupted ({signal.Signals(signum).name})"
+            self._stop.set()
+        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _abort(self, thread: threading.Thread) -> None:
+        self.progress.step(f"aborting: {self.stop_reason}; the source keeps running")
+        self.run.event("abort", reason=self.stop_reason)
+        try:
+            self.dom.abortJob()
+        except self.libvirt.libvirtError as e:
+            self.run.event("abortJob failed", error=message(e))
+        thread.join(ABORT_WAIT_S)
+
+    def _job_stats(self) -> dict[str, Any] | None:
+        try:
+            stats: dict[str, Any] = self.dom.jobStats(0)
+        except self.libvirt.libvirtError:
+            return None
+        if stats.get("type", 0) == self.libvirt.VIR_DOMAIN_JOB_NONE:
+            return None
+        return stats
+
+    def _tick(self, stats: dict[str, Any]) -> None:
+        assert self.run.t_migrate is not None
+        t = time.time() - self.run.t_migrate
+        snap = snapshot(t, stats, self.throttle_pct)
+        sample = sample_of(t, stats, snap)
+        self.run.timeline.append(sample)
+        self.progress.sample(t, sample)
+        actions: list[Action] = []
+        for p in self.policies:
+            actions += p.decide(snap)
+        for a in list(actions):
+            if isinstance(a, StrategyExhausted) and self.last_resort is not None:
+                actions += self.last_resort.react(a, snap)
+        renewed = False
+        for a in actions:
+            renewed |= self._apply(a)
+        if self.throttle_pct and not renewed:
+            self._throttle(self.throttle_pct)  # renew the lease
+
+    def _apply(self, a: Action) -> bool:
+        """Carry out one policy action; True when it set the throttle."""
+        self.run.event(f"action {type(a).__name__}", reason=a.reason)
+        if isinstance(a, SetThrottle):
+            self._throttle(a.percent)
+            return True
+        if isinstance(a, SetDowntimeLimit):
+            self._set_downtime(a.ms, a.reason)
+        elif isinstance(a, ForceSwitchover):
+            self.progress.step(a.reason)
+        elif isinstance(a, AbortMigration):
+            self.stop_reason = a.reason
+            self._stop.set()
+        elif isinstance(a, StartPostcopy):
+            self.progress.step(a.reason)
+            try:
+                self.dom.migrateStartPostCopy(0)
+            except self.libvirt.libvirtError as e:
+                self.run.event("action not applied", error=message(e))
+        elif isinstance(a, SetRamBandwidth):
+            with contextlib.suppress(self.libvirt.libvirtError):
+                self.dom.migrateSetMaxSpeed(max(1, a.bytes_per_s >> 20), 0)
+        return False
+
+    def _set_downtime(self, ms: int, why: str) -> bool:
+        try:
+            self.dom.migrateSetMaxDowntime(ms, 0)
+        except self.libvirt.libvirtError as e:
+            self.run.event("downtime not set", ms=ms, error=message(e))
+            return False
+        self.downtime_changed = True
+        self.run.event("downtime limit", ms=ms, reason=why)
+        return True
+
+    def _throttle(self, pct: int) -> None:
+        """The patched direct throttle (a lease: it lapses unless renewed)."""
+        plan = self.run.plan
+        assert plan is not None
+        try:
+            if plan.throttle_knob == "command":
+                if pct:
+                    qmp.command(self.dom, THROTTLE_COMMAND, percent=pct,
+                                **{"lease-ms": LEASE_MS})
+                else:
+                    qmp.command(self.dom, THROTTLE_CANCEL)
+            elif plan.throttle_knob == "parameter":
+                qmp.command(self.dom, "migrate-set-parameters",
+                            **{THROTTLE_PARAM: pct, LEASE_PARAM: LEASE_MS})
+            self.throttle_pct = pct
+        except LibvirtError as e:  # the migration may have ended since the last poll
+            self.run.event("throttle not set", percent=pct, error=str(e))
+
+    # -- phase 3 ------------------------------------------------------------------------
+    def finish(self) -> None:
+        if self.run.result.outcome == "completed":
+            self._finish_completed()
+        else:
+            self._finish_source_kept()
+
+    def _finish_completed(self) -> None:
+        o = self.opts
+        plan = self.run.plan
+        assert plan is not None
+        dst = lookup(self.dst_conn, o.domain, o.dst_uri)
+        with contextlib.suppress(self.libvirt.libvirtError):
+            self.run.completed_stats = dict(dst.jobStats(
+                self.libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED))
+        if plan.flags & PAUSED:
+            self.run.disk_check = self._compare_disks()
+            if self.run.disk_check.get("result") == "mismatch":
+                self.progress.step(f"disk mismatch: the destination stays paused (virsh "
+                                   f"-c {o.dst_uri} resume {o.domain} runs it anyway)")
+            else:
+                dst.resume()
+                self.run.event("destination resumed")
+        if plan.dst_globals:  # the destination QEMU's own settings back as they were
+            restore = {k: self.restore_params.get(k, "none") for k in plan.dst_globals}
+            try:
+                qmp.command(dst, "migrate-set-parameters", **restore)
+            except LibvirtError as e:
+                self.run.event("destination parameters not restored", error=str(e))
+        self.run.cpu["destination"] = _cpu_seconds(dst)
+        state, _ = dst.state()
+        self.run.destination = {"running": state == self.libvirt.VIR_DOMAIN_RUNNING,
+                                "persistent": bool(dst.isPersistent())}
+        still = find(self.src_conn, o.domain)
+        self.run.destination["gone_from_source"] = still is None
+        self.progress.step(f"{o.domain} runs on {o.dst_uri}")
+
+    def _finish_source_kept(self) -> None:
+        try:
+            self._restore_source()
+            state, _ = self.dom.state()
+            if state == self.libvirt.VIR_DOMAIN_PAUSED:
+                # libvirt resumes the source after a failed migration; make sure
+                self.dom.resume()
+                self.run.event("source resumed")
+                state, _ = self.dom.state()
+            self.run.source_after = {
+                "status": "running" if state == self.libvirt.VIR_DOMAIN_RUNNING
+                else f"state {state}",
+                "restored": {"parameters": self.restore_params,
+                             "capabilities": self.restore_caps,
+                             "downtime_ms": self.orig_downtime if self.downtime_changed
+                             else None}}
+        except (self.libvirt.libvirtError, LivemigError) as e:
+            err = message(e) if isinstance(e, self.libvirt.libvirtError) else str(e)
+            self.run.source_after = {"status": "unknown", "error": err}
+
+    def _restore_source(self) -> None:
+        """Undo livemig's own settings on a source that keeps running."""
+        if self.throttle_pct:
+            self._throttle(0)
+        if self.restore_params:
+            qmp.command(self.dom, "migrate-set-parameters", **self.restore_params)
+        if self.restore_caps:
+            qmp.command(self.dom, "migrate-set-capabilities", capabilities=[
+                {"capability": k, "state": v} for k, v in self.restore_caps.items()])
+        if self.downtime_changed and self.orig_downtime is not None:
+            with contextlib.suppress(self.libvirt.libvirtError):
+                if int(self.dom.migrateGetMaxDowntime(0)) != self.orig_downtime:
+                    self.dom.migrateSetMaxDowntime(self.orig_downtime, 0)
+        self.run.event("source settings restored")
+
+    def _compare_disks(self) -> dict[str, Any]:
+        from livemig.virt.conn import testbed_side
+
+        sides = testbed_side(self.opts.src_uri), testbed_side(self.opts.dst_uri)
+        if None in sides:
+            return {"result": "skipped", "why": "the images are on two hosts: comparing "
+                    "them needs read-only NBD exports of both (not implemented)"}
+        from livemig.testbed import libvirtd
+
+        details = {}
+        ok = True
+        for target, path in self.disks.items():
+            a = libvirtd.host_view(str(sides[0]), path)
+            b = libvirtd.host_view(str(sides[1]), path)
+            res = compare_images(a, b).as_dict()
+            details[target] = {"source": str(a), "destination": str(b), **res}
+            ok = ok and res["result"] == "ok"
+        self.run.event("disks compared", result="ok" if ok else "mismatch")
+        return {"result": "ok" if ok else "mismatch", "disks": details}
+
+    def cleanup(self) -> None:
+        for c in (self.src_conn, self.dst_conn):
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    c.close()
+
+
+def run_domain_migration(opts: DomainOptions, progress: Progress,
+                         on_prepared: Callable[[DomainMigration], None] | None = None
+                         ) -> DomainRun:
+    m = DomainMigration(opts, progress)
+    try:
+        m.prepare()
+        if on_prepared:
+            on_prepared(m)
+        m.migrate()
+        m.finish()
+    except BaseException:
+        # a failure before the migration started: undo what prepare() set
+        if m.run.t_migrate is None and m.dom is not None:
+            with contextlib.suppress(Exception):
+                m._restore_source()
+        raise
+    finally:
+        m.cleanup()
+    return m.run
+
+
+# -- pure helpers -----------------------------------------------------------------------
+def snapshot(t: float, stats: dict[str, Any], throttle_pct: int) -> Snapshot:
+    """A policy snapshot from libvirt's job statistics."""
+    page = int(stats.get("memory_page_size") or 4096)
+    return Snapshot(
+        t=t,
+        rounds=int(stats.get("memory_iteration") or 0),
+        remaining=int(stats.get("memory_remaining") or 0),
+        dirty_rate=float(stats.get("memory_dirty_rate") or 0) * page,
+        bandwidth=float(stats.get("memory_bps") or 0),
+        throttle_pct=throttle_pct or int(stats.get("auto_converge_throttle") or 0),
+        ram_total=int(stats.get("memory_total") or 0),
+        disk_remaining=_opt_int(stats.get("disk_remaining")),
+        disk_total=_opt_int(stats.get("disk_total")),
+    )
+
+
+def sample_of(t: float, stats: dict[str, Any], s: Snapshot) -> dict[str, Any]:
+    """One timeline entry (the same names as a lab run's, for the progress line)."""
+    disk_left = s.disk_remaining or 0
+    if not s.ram_total and not s.disk_total:
+        status = "setup"  # libvirt is still preparing the destination
+    elif disk_left > 0 and not stats.get("memory_processed"):
+        status = "disk"
+    else:
+        status = "active"
+    return {"t": round(t, 3), "status": status,
+            "rounds": s.rounds, "remaining": s.remaining, "dirty_rate": s.dirty_rate,
+            "bandwidth": s.bandwidth, "throttle_pct": s.throttle_pct,
+            "remaining_disk": disk_left,
+            "transferred": int(stats.get("memory_processed") or 0),
+            "disk_transferred": int(stats.get("disk_processed") or 0),
+            "eta_s": (s.remaining / s.bandwidth) if s.bandwidth else None}
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def _writable_disks(xml: str) -> dict[str, str]:
+    """target dev -> source path of the domain's writable file/block disks."""
+    out: dict[str, str] = {}
+    for disk in ET.fromstring(xml).findall("./devices/disk"):
+        if disk.get("device", "disk") != "disk" or disk.find("readonly") is not None:
+            continue
+        src, tgt = disk.find("source"), disk.find("target")
+        if src is None or tgt is None:
+            continue
+        path = src.get("file") or src.get("dev")
+        if path and tgt.get("dev"):
+            out[str(tgt.get("dev"))] = path
+    return out
+
+
+def _emulator(xml: str) -> str | None:
+    e = ET.fromstring(xml).find("./devices/emulator")
+    return None if e is None else e.text
+
+
+def _version(v: int) -> str:
+    return f"{v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
+
+
+def _cpu_seconds(dom: Any) -> float | None:
+    try:  # virDomainGetInfo's cpuTime: the QEMU process's, also without cgroups
+        return float(dom.info()[4]) / 1e9
+    except Exception:  # libvirt error (domain gone)
+        return None
+
+
+def _host_uuid(conn: Any) -> str | None:
+    try:
+        return ET.fromstring(conn.getCapabilities()).findtext("./host/uuid")
+    except Exception:
+        return None
+
+
+def _same_file_on_both(src_uri: str, dst_uri: str, paths: list[str]) -> str | None:
+    """A disk path both testbed hosts see as the same file (cannot be copied)."""
+    from livemig.testbed import libvirtd
+    from livemig.virt.conn import testbed_side
+
+    a, b = testbed_side(src_uri), testbed_side(dst_uri)
+    if a is None or b is None:
+        return None
+    for p in paths:
+        if libvirtd.host_view(a, p) == libvirtd.host_view(b, p):
+            return p
+    return None
