@@ -285,20 +285,41 @@ def host_view(side: str, path: str) -> Path:
     return p
 
 
+def _same_mount_ns(pid: int) -> list[int]:
+    """Other processes in ``pid``'s mount namespace: the QEMUs its daemon started."""
+    try:
+        ns = os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return []
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != pid:
+            with contextlib.suppress(OSError):
+                if os.readlink(proc / "ns" / "mnt") == ns:
+                    out.append(int(proc.name))
+    return out
+
+
 def down() -> list[str]:
-    """Stop the daemons (their QEMUs die with the namespaces) and remove their files."""
+    """Stop the daemons and the QEMUs they started, and remove their files. Only
+    the testbed's own daemons and domains: nothing else runs in these namespaces."""
     removed = []
     for side in SIDES:
         pid = daemon_pid(side)
-        if pid is not None:
+        if pid is None:
+            continue
+        guests = _same_mount_ns(pid)
+        for p in [pid, *guests]:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            end = time.monotonic() + 5
-            while time.monotonic() < end and Path(f"/proc/{pid}").exists():
-                time.sleep(0.05)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            removed.append(f"libvirtd on {side}")
+                os.kill(p, signal.SIGKILL if p in guests else signal.SIGTERM)
+        end = time.monotonic() + 5
+        while time.monotonic() < end and any(Path(f"/proc/{p}").exists()
+                                             for p in [pid, *guests]):
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        removed.append(f"libvirtd on {side}"
+                       + (f" ({len(guests)} of its QEMUs killed)" if guests else ""))
     if root().exists():
         shutil.rmtree(root(), ignore_errors=True)
     return removed

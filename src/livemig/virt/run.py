@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 
 LEASE_MS = 1000  # the throttle falls back to 0 unless renewed (polls are 4x faster)
 ABORT_WAIT_S = 60.0
+ABORT_RETRY_S = 1.0
 RAM_DIGEST_COMMAND = "x-query-ram-digest"
 
 
@@ -125,6 +126,7 @@ class DomainMigration:
         self.last_resort: LastResort | None = None
         self.stop_reason: str | None = None
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     # -- phase 1 ------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -229,21 +231,35 @@ class DomainMigration:
         cpu0 = _cpu_seconds(self.dom)
         cpu_last = cpu0
         thread = threading.Thread(target=body, name="libvirt-migrate", daemon=True)
+        self._thread = thread
         with self._signals():
             thread.start()
             downtime_set = False
+            abort_until: float | None = None
+            last_abort = 0.0
             while thread.is_alive():
                 thread.join(plan.poll_interval)
                 if not thread.is_alive():
                     break
-                if self._stop.is_set():
-                    self._abort(thread)
-                    break
-                if (self.opts.max_time is not None
-                        and time.time() - self.run.t_migrate > self.opts.max_time):
+                now = time.time()
+                if (abort_until is None and self.opts.max_time is not None
+                        and now - self.run.t_migrate > self.opts.max_time):
                     self.stop_reason = f"--max-time {self.opts.max_time:g} s reached"
-                    self._abort(thread)
-                    break
+                    self._stop.set()
+                if self._stop.is_set():
+                    if abort_until is None:
+                        abort_until = now + ABORT_WAIT_S
+                        self.progress.step(f"aborting: {self.stop_reason}; the source "
+                                           "keeps running")
+                        self.run.event("abort", reason=self.stop_reason)
+                    if now > abort_until:
+                        break
+                    if now - last_abort >= ABORT_RETRY_S:
+                        # again until it ends: an abort while libvirt is still
+                        # preparing the destination does not stop the migration
+                        last_abort = now
+                        self._abort_job()
+                    continue
                 stats = self._job_stats()
                 if stats is None:
                     continue
@@ -255,7 +271,10 @@ class DomainMigration:
         if cpu0 is not None and cpu_last is not None:
             self.run.cpu["source"] = round(cpu_last - cpu0, 3)
         err = box.get("error")
-        if err is None:
+        if thread.is_alive():
+            self.run.result = Outcome("failed", f"libvirt did not end the migration "
+                                      f"within {ABORT_WAIT_S:g} s of the abort")
+        elif err is None:
             self.run.result = Outcome("completed")
         elif self.stop_reason is not None:
             self.run.result = Outcome("aborted", self.stop_reason)
@@ -276,14 +295,11 @@ class DomainMigration:
             for s, h in old.items():
                 signal.signal(s, h)
 
-    def _abort(self, thread: threading.Thread) -> None:
-        self.progress.step(f"aborting: {self.stop_reason}; the source keeps running")
-        self.run.event("abort", reason=self.stop_reason)
+    def _abort_job(self) -> None:
         try:
             self.dom.abortJob()
         except self.libvirt.libvirtError as e:
-            self.run.event("abortJob failed", error=message(e))
-        thread.join(ABORT_WAIT_S)
+            self.run.event("abortJob refused", error=message(e))
 
     def _job_stats(self) -> dict[str, Any] | None:
         try:
@@ -458,6 +474,8 @@ class DomainMigration:
         return {"result": "ok" if ok else "mismatch", "disks": details}
 
     def cleanup(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return  # a call still runs on these connections: leave them to the exit
         for c in (self.src_conn, self.dst_conn):
             if c is not None:
                 with contextlib.suppress(Exception):
