@@ -304,22 +304,26 @@ def down() -> list[str]:
     """Stop the daemons and the QEMUs they started, and remove their files. Only
     the testbed's own daemons and domains: nothing else runs in these namespaces."""
     removed = []
+    waiting: list[int] = []
     for side in SIDES:
         pid = daemon_pid(side)
         if pid is None:
             continue
         guests = _same_mount_ns(pid)
-        for p in [pid, *guests]:
+        for p in guests:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL if p in guests else signal.SIGTERM)
-        end = time.monotonic() + 5
-        while time.monotonic() < end and any(Path(f"/proc/{p}").exists()
-                                             for p in [pid, *guests]):
-            time.sleep(0.05)
+                os.kill(p, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGTERM)
+        waiting += [pid, *guests]
         removed.append(f"libvirtd on {side}"
                        + (f" ({len(guests)} of its QEMUs killed)" if guests else ""))
+    end = time.monotonic() + 5
+    while time.monotonic() < end and any(Path(f"/proc/{p}").exists() for p in waiting):
+        time.sleep(0.05)
+    for p in waiting:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
     if root().exists():
         shutil.rmtree(root(), ignore_errors=True)
     return removed
