@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -252,6 +253,21 @@ def test_max_time_aborts_and_source_keeps_running(daemons: dict[str, str],
         finally:
             c.close()
         assert params["throttle-trigger-threshold"] == 50  # livemig's change undone
+
+        # Ctrl-C does the same
+        report = tmp_path / "sigint.json"
+        proc2 = subprocess.Popen(livemig_cmd(
+            "migrate", "--domain", name, "--connect", libvirtd.uri("src"),
+            "--to", libvirtd.uri("dst"), "--report", str(report), "--unsafe",
+            "--bandwidth", "2M", "-q"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        time.sleep(6)
+        proc2.send_signal(signal.SIGINT)
+        _out, err = proc2.communicate(timeout=120)
+        assert proc2.returncode == 3, err
+        rep2 = json.loads(report.read_text())
+        assert rep2["outcome"] == "aborted" and "SIGINT" in rep2["reason"]
+        assert _where(name) == {"src": "running", "dst": None}
     finally:
         _cleanup(name)
 
