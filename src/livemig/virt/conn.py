@@ -10,6 +10,7 @@ be used from any thread afterwards. Any other URI is opened as given.
 from __future__ import annotations
 
 import logging
+import threading
 import urllib.parse
 from typing import Any
 
@@ -31,7 +32,29 @@ def libvirt_module() -> Any:
                          ) from None
     # libvirt prints every error to stderr by default; livemig reports its own
     libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+    _start_event_loop(libvirt)
     return libvirt
+
+
+_event_loop: threading.Thread | None = None
+
+
+def _start_event_loop(libvirt: Any) -> None:
+    """libvirt's default event loop in a daemon thread, registered before the first
+    connection opens: a client that calls into one connection from two threads (the
+    migration call and the polls) needs it for keepalive and I/O dispatch; without
+    it a poll was seen to block for as long as the migration call ran."""
+    global _event_loop
+    if _event_loop is not None:
+        return
+    libvirt.virEventRegisterDefaultImpl()
+
+    def loop() -> None:
+        while True:
+            libvirt.virEventRunDefaultImpl()
+
+    _event_loop = threading.Thread(target=loop, name="libvirt-events", daemon=True)
+    _event_loop.start()
 
 
 def message(e: Exception) -> str:

@@ -127,6 +127,7 @@ class DomainMigration:
         self.stop_reason: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._mig_conn: Any = None
 
     # -- phase 1 ------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -217,10 +218,14 @@ class DomainMigration:
             params[self.libvirt.VIR_MIGRATE_PARAM_DEST_XML] = with_globals(
                 xml, plan.dst_globals)
         box: dict[str, BaseException] = {}
+        # the blocking call gets a connection of its own; polls and abort use the other
+        mig_conn = open_uri(self.opts.src_uri, "--connect")
+        mig_dom = lookup(mig_conn, self.opts.domain, self.opts.src_uri)
+        self._mig_conn = mig_conn
 
         def body() -> None:
             try:
-                self.dom.migrateToURI3(self.opts.dst_uri, params, plan.flags)
+                mig_dom.migrateToURI3(self.opts.dst_uri, params, plan.flags)
             except BaseException as e:  # handed to the main loop
                 box["error"] = e
 
@@ -476,7 +481,7 @@ class DomainMigration:
     def cleanup(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             return  # a call still runs on these connections: leave them to the exit
-        for c in (self.src_conn, self.dst_conn):
+        for c in (self._mig_conn, self.src_conn, self.dst_conn):
             if c is not None:
                 with contextlib.suppress(Exception):
                     c.close()
