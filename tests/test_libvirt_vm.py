@@ -330,3 +330,29 @@ def test_patched_knobs_through_passthrough(daemons: dict[str, str], tmp_path: Pa
         assert _where(name) == {"src": None, "dst": "running"}
     finally:
         _cleanup(name)
+
+
+def test_corrupted_destination_disk_is_named_and_held_paused(
+        daemons: dict[str, str], tmp_path: Path) -> None:
+    offset = 0x234567
+    name = _unique("lmbad")
+    _define(name, "copy")
+    try:
+        report = tmp_path / "report.json"
+        proc = subprocess.run(livemig_cmd(
+            "migrate", "--domain", name, "--connect", libvirtd.uri("src"),
+            "--to", libvirtd.uri("dst"), "--storage", "copy", "--report", str(report),
+            "--inject-fault", f"disk-byte@{offset:#x}", "--max-time", "180"),
+            capture_output=True, text=True, timeout=240,
+            env={**os.environ, "LIVEMIG_ALLOW_FAULT_INJECTION": "1"})
+        rep = json.loads(report.read_text())
+        assert proc.returncode == 4, proc.stderr[-2000:]
+        assert rep["outcome"] == "completed"
+        assert rep["consistency"]["disk"] == "mismatch"
+        vda = rep["consistency"]["disk_detail"]["disks"]["vda"]
+        assert vda["first_mismatches"] == [f"{offset // 4096 * 4096:#x}"]
+        assert vda["mismatched_blocks"] == 1
+        # a guest whose disk differs is not run: held paused on dst, gone from src
+        assert _where(name)["src"] is None and _where(name)["dst"] not in (None, "running")
+    finally:
+        _cleanup(name)

@@ -75,7 +75,10 @@ def _libvirt_uri(a: argparse.Namespace) -> int:
 
 def _down(a: argparse.Namespace) -> int:
     ensure_root()
-    removed = topology.down(quiet=True)
+    # under the lock: a run (or a test module holding the hosts) in another checkout
+    # is not torn down under its feet; a dead run's lock is free (flock dies with it)
+    with topology.locked():
+        removed = topology.down(quiet=True)
     print("removed " + ", ".join(removed) if removed else "nothing to remove")
     return 0
 

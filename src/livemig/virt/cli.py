@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
-from livemig.errors import UsageError
+from livemig.errors import FaultInjectionRefused, UsageError
 from livemig.progress import Progress
 from livemig.report import write_report
 from livemig.settings import merge, parse_sets
@@ -19,7 +20,8 @@ EXIT_ABORTED = 3
 EXIT_MISMATCH = 4
 # options of a lab run (livemig boots the guest) that mean nothing for a domain
 LAB_ONLY = ("memory", "vcpus", "workload", "link", "qemu", "accel", "disk_size",
-            "disk_fill", "inject_fault", "keep_run_dir", "run_id")
+            "disk_fill", "keep_run_dir", "run_id")
+FAULT_ENV = "LIVEMIG_ALLOW_FAULT_INJECTION"
 
 
 def options(a: argparse.Namespace, defaults: dict[str, Any]) -> DomainOptions:
@@ -39,7 +41,26 @@ def options(a: argparse.Namespace, defaults: dict[str, Any]) -> DomainOptions:
                   unsafe=a.unsafe, verify=not a.no_verify, migrate_uri=a.migrate_uri)
     return DomainOptions(domain=a.domain, src_uri=a.connect, dst_uri=a.to,
                          profile=a.profile, wanted=merge(a.profile, sets),
-                         explicit=frozenset(sets), request=req, max_time=a.max_time)
+                         explicit=frozenset(sets), request=req, max_time=a.max_time,
+                         disk_fault=_disk_fault(a.inject_fault, a.storage))
+
+
+def _disk_fault(items: list[str], storage: str) -> int | None:
+    """``--inject-fault disk-byte@OFFSET``: the only fault of a libvirt run."""
+    if not items:
+        return None
+    if os.environ.get(FAULT_ENV) != "1":
+        raise FaultInjectionRefused(f"--inject-fault corrupts the migrated guest on "
+                                    f"purpose; set {FAULT_ENV}=1 to allow it")
+    kind, sep, addr = items[0].partition("@")
+    if len(items) > 1 or kind != "disk-byte" or not sep:
+        raise UsageError("with --domain only one --inject-fault disk-byte@OFFSET")
+    if storage != "copy":
+        raise UsageError("--inject-fault disk-byte needs --storage copy")
+    try:
+        return int(addr, 0)
+    except ValueError:
+        raise UsageError(f"bad --inject-fault offset {addr!r}") from None
 
 
 def cmd_migrate_domain(a: argparse.Namespace, defaults: dict[str, Any]) -> int:

@@ -77,7 +77,10 @@ def summary(rep: dict[str, Any]) -> str:
         + (f" in {rep['rounds']} rounds" if rep["rounds"] is not None else ""),
         f"CPU seconds      source {_f(cpu['source'], '')}, destination "
         f"{_f(cpu['destination'], '')}",
-        f"consistency      RAM {cons['ram']}, disk {cons['disk']}",
+        f"consistency      RAM {cons['ram']}, disk {cons['disk']}" + "".join(
+            f" ({t} at {', '.join(d['first_mismatches'])})"
+            for t, d in cons["disk_detail"].get("disks", {}).items()
+            if d.get("result") == "mismatch"),
     ]
     if rep.get("disk_transferred_bytes"):
         lines.insert(4, f"disk sent        {fmt_bytes(rep['disk_transferred_bytes'])}")

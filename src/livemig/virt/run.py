@@ -27,6 +27,7 @@ from typing import Any
 
 from livemig.diskcheck import compare_images
 from livemig.errors import LivemigError, UsageError
+from livemig.faults import flip_byte
 from livemig.policy.base import (
     AbortMigration,
     Action,
@@ -75,6 +76,7 @@ class DomainOptions:
     explicit: frozenset[str]
     request: Request
     max_time: float | None = None
+    disk_fault: int | None = None  # debug: flip this byte of the destination's image
 
 
 @dataclass
@@ -388,10 +390,16 @@ class DomainMigration:
 
     # -- phase 3 ------------------------------------------------------------------------
     def finish(self) -> None:
-        if self.run.result.outcome == "completed":
-            self._finish_completed()
-        else:
-            self._finish_source_kept()
+        try:
+            if self.run.result.outcome == "completed":
+                self._finish_completed()
+            else:
+                self._finish_source_kept()
+        except (self.libvirt.libvirtError, LivemigError) as e:
+            # the outcome stands (libvirt decided it); what could not be checked is said
+            err = message(e) if isinstance(e, self.libvirt.libvirtError) else str(e)
+            self.run.event("after the migration", error=err)
+            self.progress.step(f"after the migration: {err}")
 
     def _finish_completed(self) -> None:
         o = self.opts
@@ -469,9 +477,13 @@ class DomainMigration:
 
         details = {}
         ok = True
-        for target, path in self.disks.items():
+        for i, (target, path) in enumerate(self.disks.items()):
             a = libvirtd.host_view(str(sides[0]), path)
             b = libvirtd.host_view(str(sides[1]), path)
+            if i == 0 and self.opts.disk_fault is not None:
+                flip_byte(b, self.opts.disk_fault)
+                self.run.event("fault injected", kind="disk-byte",
+                               offset=f"{self.opts.disk_fault:#x}", image=str(b))
             res = compare_images(a, b).as_dict()
             details[target] = {"source": str(a), "destination": str(b), **res}
             ok = ok and res["result"] == "ok"
@@ -491,12 +503,18 @@ def run_domain_migration(opts: DomainOptions, progress: Progress,
                          on_prepared: Callable[[DomainMigration], None] | None = None
                          ) -> DomainRun:
     m = DomainMigration(opts, progress)
+    libvirt = libvirt_module()
     try:
         m.prepare()
         if on_prepared:
             on_prepared(m)
         m.migrate()
         m.finish()
+    except libvirt.libvirtError as e:  # before the migration started: one line
+        if m.run.t_migrate is None and m.dom is not None:
+            with contextlib.suppress(Exception):
+                m._restore_source()
+        raise LibvirtError(message(e)) from None
     except BaseException:
         # a failure before the migration started: undo what prepare() set
         if m.run.t_migrate is None and m.dom is not None:
