@@ -125,15 +125,20 @@ def _guest_answers(timeout: float = 30.0) -> bool:
 
 
 def _wait_busy(name: str, timeout: float = 60.0) -> None:
-    """Until the guest's writer runs: its vCPU busy (> 60 % of a core) for a second."""
+    """Until the guest's writer runs: booted (4 s), then its QEMU busy (> 60 % of a
+    core) for 3 s in a row; an idle guest of this image uses ~1 %."""
+    time.sleep(4.0)
     c = _conn("src")
     try:
         d = c.lookupByName(name)
         end = time.monotonic() + timeout
+        busy = 0
         while time.monotonic() < end:
             t0, c0 = time.monotonic(), d.info()[4]
             time.sleep(1.0)
-            if (d.info()[4] - c0) / 1e9 / (time.monotonic() - t0) > 0.6:
+            rate = (d.info()[4] - c0) / 1e9 / (time.monotonic() - t0)
+            busy = busy + 1 if rate > 0.6 else 0
+            if busy >= 3:
                 return
     finally:
         c.close()
@@ -376,8 +381,8 @@ def test_corrupted_destination_disk_is_named_and_held_paused(
 def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
         daemons: dict[str, str], tmp_path: Path) -> None:
     """kill -9 of livemig mid-migration: libvirt goes on with its peer-to-peer job,
-    the guest keeps running on src, and the throttle (patched build) lapses with its
-    lease."""
+    the guest keeps running on src, and no livemig throttle (patched build) is left:
+    a throttle livemig set lapses with its 1 s lease."""
     from livemig.virt import qmp
 
     name = _unique("lmkill")
@@ -391,19 +396,18 @@ def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
         _wait_busy(name)
         proc = subprocess.Popen(livemig_cmd(
             "migrate", "--domain", name, "--connect", libvirtd.uri("src"),
-            "--to", libvirtd.uri("dst"), "--unsafe", "--bandwidth", "16M"),
+            "--to", libvirtd.uri("dst"), "--unsafe", "--bandwidth", "4M"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 120
             seen = ""
-            # with the patched build: once livemig's throttle is on; else once active
-            while True:
+            while True:  # once QEMU's migration runs
                 assert time.monotonic() < deadline and proc.poll() is None, seen[-2000:]
                 line = proc.stderr.readline() if proc.stderr else ""
                 seen += line
-                if " active " in line and (knob is None or (
-                        "throttle " in line and "throttle 0%" not in line)):
+                if " active " in line:
                     break
+            time.sleep(1.0)
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
         finally:
@@ -416,9 +420,7 @@ def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
             from livemig.virt.conn import libvirt_module
 
             assert d.state()[0] == libvirt_module().VIR_DOMAIN_RUNNING
-            cpu0 = d.info()[4]
-            time.sleep(1.0)
-            assert d.info()[4] - cpu0 > 0.3e9, "the guest does not run"
+            assert _guest_answers(10), "the guest does not answer on the network"
             if knob == "command":
                 assert qmp.command(d, "query-cpu-throttle")["management-percent"] == 0
             elif knob == "parameter":

@@ -1,6 +1,8 @@
 """The lab's example domain: livemig's guest image booted directly by a libvirt
 domain, on the testbed's guest network (the host's ``br0``), with one raw disk.
 
+The guest agent's virtio-serial port is there (a socket libvirt names), so the agent
+starts its workload at once instead of waiting 10 s for a port that never comes.
 Used by the tests and as a template (``livemig testbed libvirt-uri`` + ``virsh
 define``); a user's own domain needs none of it.
 """
@@ -12,6 +14,7 @@ from xml.sax.saxutils import quoteattr
 
 from livemig.paths import FIRMWARE_DIRS
 from livemig.testbed import topology
+from livemig.vm import AGENT_PORT_NAME
 
 
 def lab_domain_xml(name: str, emulator: Path, kernel: Path, initrd: Path, disk: str,
@@ -48,6 +51,10 @@ def lab_domain_xml(name: str, emulator: Path, kernel: Path, initrd: Path, disk: 
       <model type='virtio'/>
       <rom enabled='no'/>
     </interface>
+    <channel type='unix'>
+      <source mode='bind'/>
+      <target type='virtio' name='{AGENT_PORT_NAME}'/>
+    </channel>
     <serial type='file'>
       <source path='/var/log/libvirt/qemu/{name}.console'/>
       <target port='0'/>
