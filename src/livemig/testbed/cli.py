@@ -84,7 +84,11 @@ def _down(a: argparse.Namespace) -> int:
 
 
 def _status(a: argparse.Namespace) -> int:
+    from livemig.testbed import libvirtd
+
     st = topology.status()
+    st["libvirt"] = {side: libvirtd.uri(side) if libvirtd.is_running(side) else None
+                     for side in libvirtd.SIDES}
     if a.json:
         print(json.dumps(st, indent=2))
         return 0
@@ -100,7 +104,8 @@ def _status(a: argparse.Namespace) -> int:
             print(f"  {name:7} missing")
         else:
             print(f"  {name:7} {h['namespace']}: {h['processes']} processes, links "
-                  f"{', '.join(h['links'])}" + (f"; {h['qdisc']}" if h["qdisc"] else ""))
+                  f"{', '.join(h['links'])}" + (f"; {h['qdisc']}" if h["qdisc"] else "")
+                  + (f"; libvirtd {st['libvirt'][name]}" if st["libvirt"].get(name) else ""))
     return 0
 
 

@@ -233,7 +233,10 @@ class DomainMigration:
 
         self.progress.step(f"migrating {self.opts.domain}: {self.opts.src_uri} -> "
                            f"{self.opts.dst_uri} ({', '.join(plan.flag_names())})")
-        self.run.event("migration started", flags=plan.flag_names(), params=params)
+        shown = {k: (f"<domain XML + {plan.dst_globals}>" if k ==
+                     self.libvirt.VIR_MIGRATE_PARAM_DEST_XML else v)
+                 for k, v in params.items()}
+        self.run.event("migration started", flags=plan.flag_names(), params=shown)
         self.run.t_migrate = time.time()
         cpu0 = _cpu_seconds(self.dom)
         cpu_last = cpu0
