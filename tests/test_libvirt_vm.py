@@ -226,6 +226,8 @@ def test_shared_storage_domain_moves_to_dst(daemons: dict[str, str], tmp_path: P
             assert key in rep
         assert rep["destination"] == {"running": True, "persistent": True,
                                       "gone_from_source": True}
+        rounds = [e["iteration"] for e in rep["events"] if e["event"] == "round"]
+        assert rounds and rounds == sorted(rounds)  # libvirt's iteration events
         assert _where(name) == {"src": None, "dst": "running"}
         assert _guest_answers(), "the guest does not answer from the dst host"
     finally:

@@ -83,7 +83,7 @@ def testbed_side(uri: str) -> str | None:
 def open_uri(uri: str, what: str) -> Any:
     """A read-write connection to ``uri``; ``what`` names it in errors."""
     libvirt = libvirt_module()
-    if "://" not in uri and not uri.endswith(":///system"):
+    if "://" not in uri:
         raise UsageError(f"{what} {uri!r} is not a libvirt URI (e.g. qemu+tcp://HOST/system)")
     side = testbed_side(uri)
     try:

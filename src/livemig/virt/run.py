@@ -130,6 +130,7 @@ class DomainMigration:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._mig_conn: Any = None
+        self._event_id: int | None = None
 
     # -- phase 1 ------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -238,6 +239,7 @@ class DomainMigration:
                  for k, v in params.items()}
         self.run.event("migration started", flags=plan.flag_names(), params=shown)
         self.run.t_migrate = time.time()
+        self._watch_iterations()
         cpu0 = _cpu_seconds(self.dom)
         cpu_last = cpu0
         thread = threading.Thread(target=body, name="libvirt-migrate", daemon=True)
@@ -292,6 +294,18 @@ class DomainMigration:
             self.run.result = Outcome("failed", message(err) if isinstance(
                 err, self.libvirt.libvirtError) else repr(err))
         self.progress.close()
+
+    def _watch_iterations(self) -> None:
+        """QEMU's MIGRATION_PASS as libvirt's migration-iteration event: each round's
+        start goes to ``events`` as it happens (the polls only see its effect)."""
+        def on_iteration(_conn: Any, _dom: Any, iteration: int, _opaque: Any) -> None:
+            self.run.event("round", iteration=iteration)
+        try:
+            self._event_id = self.src_conn.domainEventRegisterAny(
+                self.dom, self.libvirt.VIR_DOMAIN_EVENT_ID_MIGRATION_ITERATION,
+                on_iteration, None)
+        except self.libvirt.libvirtError as e:
+            self.run.event("no iteration events", error=message(e))
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
@@ -496,6 +510,9 @@ class DomainMigration:
     def cleanup(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             return  # a call still runs on these connections: leave them to the exit
+        if self._event_id is not None:
+            with contextlib.suppress(Exception):
+                self.src_conn.domainEventDeregisterAny(self._event_id)
         for c in (self._mig_conn, self.src_conn, self.dst_conn):
             if c is not None:
                 with contextlib.suppress(Exception):
