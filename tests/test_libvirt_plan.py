@@ -8,7 +8,7 @@ import pytest
 from livemig.errors import UsageError
 from livemig.settings import merge
 from livemig.virt import plan as P
-from livemig.virt.run import sample_of, snapshot
+from livemig.virt.stats import sample_of, snapshot
 
 STOCK_CAPS = frozenset({"xbzrle", "auto-converge", "events", "postcopy-ram", "multifd",
                         "return-path", "pause-before-switchover", "zero-copy-send"})

@@ -10,6 +10,9 @@ Modules, one concern each:
 - ``run``: one migration: a thread blocked in ``migrateToURI3`` while the main loop
   polls ``jobStats()``, runs the policies, renews the throttle lease, aborts on
   Ctrl-C or ``--max-time`` and restores what it changed;
+- ``stats``: ``jobStats()`` read once per poll into a policy snapshot and a sample;
+- ``facts``: what the domain's XML and the daemons say (disks, emulator, host UUID),
+  and the copied disks' comparison;
 - ``record``: the report (same top-level keys as a lab run) and its summary;
 - ``domain``: the lab's example domain XML (direct kernel boot of the guest image);
 - ``cli``: ``livemig migrate --domain NAME --connect SRC_URI --to DST_URI``.

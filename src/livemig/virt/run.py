@@ -20,14 +20,11 @@ import logging
 import signal
 import threading
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from livemig.diskcheck import compare_images
 from livemig.errors import LivemigError, UsageError
-from livemig.faults import flip_byte
 from livemig.policy.base import (
     AbortMigration,
     Action,
@@ -36,7 +33,6 @@ from livemig.policy.base import (
     SetDowntimeLimit,
     SetRamBandwidth,
     SetThrottle,
-    Snapshot,
     StartPostcopy,
     StrategyExhausted,
 )
@@ -45,6 +41,15 @@ from livemig.policy.throttle import ThrottlePolicy
 from livemig.progress import Progress
 from livemig.virt import qmp
 from livemig.virt.conn import LibvirtError, find, libvirt_module, lookup, message, open_uri
+from livemig.virt.facts import (
+    compare_copied_disks,
+    cpu_seconds,
+    emulator,
+    host_uuid,
+    same_file_on_both,
+    version,
+    writable_disks,
+)
 from livemig.virt.plan import (
     LEASE_PARAM,
     PAUSED,
@@ -57,6 +62,7 @@ from livemig.virt.plan import (
     make_plan,
     with_globals,
 )
+from livemig.virt.stats import sample_of, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +147,14 @@ class DomainMigration:
             raise UsageError(f"domain {o.domain!r} is not running on {o.src_uri} "
                              "(livemig migrates running domains)")
         self.dst_conn = open_uri(o.dst_uri, "--to")
-        if _host_uuid(self.src_conn) == _host_uuid(self.dst_conn):
+        if host_uuid(self.src_conn) == host_uuid(self.dst_conn):
             raise UsageError("--connect and --to reach the same libvirt host (same host "
                              "UUID)")
         other = find(self.dst_conn, o.domain)
         if other is not None and other.isActive():
             raise UsageError(f"domain {o.domain!r} already runs on {o.dst_uri}")
         xml = self.dom.XMLDesc(0)
-        self.disks = _writable_disks(xml)
+        self.disks = writable_disks(xml)
         info = qmp.probe(self.dom)
         req = o.request
         if req.storage == "copy":
@@ -157,16 +163,16 @@ class DomainMigration:
         if req.storage == "copy":
             if not self.disks:
                 raise UsageError(f"--storage copy: domain {o.domain!r} has no writable disk")
-            shared = _same_file_on_both(o.src_uri, o.dst_uri, list(self.disks.values()))
+            shared = same_file_on_both(o.src_uri, o.dst_uri, list(self.disks.values()))
             if shared:
                 raise UsageError(f"--storage copy: both hosts see {shared} as the same "
                                  "file (shared storage: use --storage shared)")
         self.run.plan = plan
         self.run.libvirt = {
-            "library_version": _version(self.libvirt.getVersion()),
-            "source_daemon": _version(self.src_conn.getLibVersion()),
-            "destination_daemon": _version(self.dst_conn.getLibVersion()),
-            "emulator": _emulator(xml),
+            "library_version": version(self.libvirt.getVersion()),
+            "source_daemon": version(self.src_conn.getLibVersion()),
+            "destination_daemon": version(self.dst_conn.getLibVersion()),
+            "emulator": emulator(xml),
             "source_host": self.src_conn.getHostname(),
             "destination_host": self.dst_conn.getHostname(),
         }
@@ -240,7 +246,7 @@ class DomainMigration:
         self.run.event("migration started", flags=plan.flag_names(), params=shown)
         self.run.t_migrate = time.time()
         self._watch_iterations()
-        cpu0 = _cpu_seconds(self.dom)
+        cpu0 = cpu_seconds(self.dom)
         cpu_last = cpu0
         thread = threading.Thread(target=body, name="libvirt-migrate", daemon=True)
         self._thread = thread
@@ -277,7 +283,7 @@ class DomainMigration:
                     continue
                 if not downtime_set and plan.downtime_ms is not None:
                     downtime_set = self._set_downtime(plan.downtime_ms, "--set downtime-limit")
-                cpu_last = _cpu_seconds(self.dom) or cpu_last
+                cpu_last = cpu_seconds(self.dom) or cpu_last
                 self._tick(stats)
         self.run.t_end = time.time()
         if cpu0 is not None and cpu_last is not None:
@@ -427,7 +433,8 @@ class DomainMigration:
             self.run.completed_stats = dict(dst.jobStats(
                 self.libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED))
         if plan.flags & PAUSED:
-            self.run.disk_check = self._compare_disks()
+            self.run.disk_check = compare_copied_disks(
+                o.src_uri, o.dst_uri, self.disks, o.disk_fault, self.run.event)
             if self.run.disk_check.get("result") == "mismatch":
                 self.progress.step(f"disk mismatch: the destination stays paused (virsh "
                                    f"-c {o.dst_uri} resume {o.domain} runs it anyway)")
@@ -440,7 +447,7 @@ class DomainMigration:
                 qmp.command(dst, "migrate-set-parameters", **restore)
             except LibvirtError as e:
                 self.run.event("destination parameters not restored", error=str(e))
-        self.run.cpu["destination"] = _cpu_seconds(dst)
+        self.run.cpu["destination"] = cpu_seconds(dst)
         state, _ = dst.state()
         self.run.destination = {"running": state == self.libvirt.VIR_DOMAIN_RUNNING,
                                 "persistent": bool(dst.isPersistent())}
@@ -483,30 +490,6 @@ class DomainMigration:
                     self.dom.migrateSetMaxDowntime(self.orig_downtime, 0)
         self.run.event("source settings restored")
 
-    def _compare_disks(self) -> dict[str, Any]:
-        from livemig.virt.conn import testbed_side
-
-        sides = testbed_side(self.opts.src_uri), testbed_side(self.opts.dst_uri)
-        if None in sides:
-            return {"result": "skipped", "why": "the images are on two hosts: comparing "
-                    "them needs read-only NBD exports of both (not implemented)"}
-        from livemig.testbed import libvirtd
-
-        details = {}
-        ok = True
-        for i, (target, path) in enumerate(self.disks.items()):
-            a = libvirtd.host_view(str(sides[0]), path)
-            b = libvirtd.host_view(str(sides[1]), path)
-            if i == 0 and self.opts.disk_fault is not None:
-                flip_byte(b, self.opts.disk_fault)
-                self.run.event("fault injected", kind="disk-byte",
-                               offset=f"{self.opts.disk_fault:#x}", image=str(b))
-            res = compare_images(a, b).as_dict()
-            details[target] = {"source": str(a), "destination": str(b), **res}
-            ok = ok and res["result"] == "ok"
-        self.run.event("disks compared", result="ok" if ok else "mismatch")
-        return {"result": "ok" if ok else "mismatch", "disks": details}
-
     def cleanup(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             return  # a call still runs on these connections: leave them to the exit
@@ -544,94 +527,3 @@ def run_domain_migration(opts: DomainOptions, progress: Progress,
     finally:
         m.cleanup()
     return m.run
-
-
-# -- pure helpers -----------------------------------------------------------------------
-def snapshot(t: float, stats: dict[str, Any], throttle_pct: int) -> Snapshot:
-    """A policy snapshot from libvirt's job statistics."""
-    page = int(stats.get("memory_page_size") or 4096)
-    return Snapshot(
-        t=t,
-        rounds=int(stats.get("memory_iteration") or 0),
-        remaining=int(stats.get("memory_remaining") or 0),
-        dirty_rate=float(stats.get("memory_dirty_rate") or 0) * page,
-        bandwidth=float(stats.get("memory_bps") or 0),
-        throttle_pct=throttle_pct or int(stats.get("auto_converge_throttle") or 0),
-        ram_total=int(stats.get("memory_total") or 0),
-        disk_remaining=_opt_int(stats.get("disk_remaining")),
-        disk_total=_opt_int(stats.get("disk_total")),
-    )
-
-
-def sample_of(t: float, stats: dict[str, Any], s: Snapshot) -> dict[str, Any]:
-    """One timeline entry (the same names as a lab run's, for the progress line)."""
-    disk_left = s.disk_remaining or 0
-    if not s.ram_total and not s.disk_total:
-        status = "setup"  # libvirt is still preparing the destination
-    elif disk_left > 0 and not stats.get("memory_processed"):
-        status = "disk"
-    else:
-        status = "active"
-    return {"t": round(t, 3), "status": status,
-            "rounds": s.rounds, "remaining": s.remaining, "dirty_rate": s.dirty_rate,
-            "bandwidth": s.bandwidth, "throttle_pct": s.throttle_pct,
-            "remaining_disk": disk_left,
-            "transferred": int(stats.get("memory_processed") or 0),
-            "disk_transferred": int(stats.get("disk_processed") or 0),
-            "eta_s": (s.remaining / s.bandwidth) if s.bandwidth else None}
-
-
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
-
-
-def _writable_disks(xml: str) -> dict[str, str]:
-    """target dev -> source path of the domain's writable file/block disks."""
-    out: dict[str, str] = {}
-    for disk in ET.fromstring(xml).findall("./devices/disk"):
-        if disk.get("device", "disk") != "disk" or disk.find("readonly") is not None:
-            continue
-        src, tgt = disk.find("source"), disk.find("target")
-        if src is None or tgt is None:
-            continue
-        path = src.get("file") or src.get("dev")
-        if path and tgt.get("dev"):
-            out[str(tgt.get("dev"))] = path
-    return out
-
-
-def _emulator(xml: str) -> str | None:
-    e = ET.fromstring(xml).find("./devices/emulator")
-    return None if e is None else e.text
-
-
-def _version(v: int) -> str:
-    return f"{v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
-
-
-def _cpu_seconds(dom: Any) -> float | None:
-    try:  # virDomainGetInfo's cpuTime: the QEMU process's, also without cgroups
-        return float(dom.info()[4]) / 1e9
-    except Exception:  # libvirt error (domain gone)
-        return None
-
-
-def _host_uuid(conn: Any) -> str | None:
-    try:
-        return ET.fromstring(conn.getCapabilities()).findtext("./host/uuid")
-    except Exception:
-        return None
-
-
-def _same_file_on_both(src_uri: str, dst_uri: str, paths: list[str]) -> str | None:
-    """A disk path both testbed hosts see as the same file (cannot be copied)."""
-    from livemig.testbed import libvirtd
-    from livemig.virt.conn import testbed_side
-
-    a, b = testbed_side(src_uri), testbed_side(dst_uri)
-    if a is None or b is None:
-        return None
-    for p in paths:
-        if libvirtd.host_view(a, p) == libvirtd.host_view(b, p):
-            return p
-    return None
