@@ -114,8 +114,10 @@ def test_storage_copy_verify_holds_the_destination_paused() -> None:
     assert shared.flags & P.UNSAFE and not shared.flags & P.PAUSED
 
 
-def test_on_stall_postcopy_sets_the_postcopy_flag() -> None:
-    assert plan_for("defaults", {"on-stall": "postcopy"}).flags & P.POSTCOPY
+def test_on_stall_postcopy_sets_the_postcopy_flag_and_its_bandwidth() -> None:
+    p = plan_for("defaults", {"on-stall": "postcopy"}, bandwidth=8 << 20)
+    assert p.flags & P.POSTCOPY
+    assert p.params[P.P_BANDWIDTH_POSTCOPY] == 8 and p.params[P.P_BANDWIDTH] == 8
 
 
 def test_destination_xml_gets_migration_globals() -> None:
@@ -135,6 +137,14 @@ def test_flag_values_match_the_binding() -> None:
     libvirt = pytest.importorskip("libvirt")
     for value, name in P.FLAG_NAMES.items():
         assert getattr(libvirt, f"VIR_MIGRATE_{name.upper()}") == value
+    for ours, theirs in ((P.P_BANDWIDTH, "BANDWIDTH"), (P.P_COMPRESSION, "COMPRESSION"),
+                         (P.P_XBZRLE_CACHE, "COMPRESSION_XBZRLE_CACHE"),
+                         (P.P_PARALLEL, "PARALLEL_CONNECTIONS"),
+                         (P.P_AC_INITIAL, "AUTO_CONVERGE_INITIAL"),
+                         (P.P_AC_INCREMENT, "AUTO_CONVERGE_INCREMENT"),
+                         (P.P_MIGRATE_DISKS, "MIGRATE_DISKS"), (P.P_URI, "URI"),
+                         (P.P_BANDWIDTH_POSTCOPY, "BANDWIDTH_POSTCOPY")):
+        assert getattr(libvirt, f"VIR_MIGRATE_PARAM_{theirs}") == ours
 
 
 def test_job_stats_become_a_policy_snapshot_and_a_sample() -> None:

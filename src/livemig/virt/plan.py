@@ -57,6 +57,7 @@ FLAG_NAMES = {LIVE: "live", PEER2PEER: "peer2peer", PERSIST_DEST: "persist_dest"
               PARALLEL: "parallel", ZEROCOPY: "zerocopy"}
 
 P_BANDWIDTH = "bandwidth"  # MiB/s
+P_BANDWIDTH_POSTCOPY = "bandwidth.postcopy"  # MiB/s too
 P_COMPRESSION = "compression"
 P_XBZRLE_CACHE = "compression.xbzrle.cache"
 P_PARALLEL = "parallel.connections"
@@ -267,6 +268,8 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
         flags |= UNSAFE
     if req.bandwidth is not None:
         params[P_BANDWIDTH] = _mib(req.bandwidth)
+        if flags & POSTCOPY:  # else post-copy runs unlimited
+            params[P_BANDWIDTH_POSTCOPY] = _mib(req.bandwidth)
     if req.migrate_uri:
         params[P_URI] = req.migrate_uri
     if req.verify and req.storage == "copy":
