@@ -383,8 +383,9 @@ def test_corrupted_destination_disk_is_named_and_held_paused(
 def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
         daemons: dict[str, str], tmp_path: Path) -> None:
     """kill -9 of livemig mid-migration: libvirt goes on with its peer-to-peer job,
-    the guest keeps running on src, and no livemig throttle (patched build) is left:
-    a throttle livemig set lapses with its 1 s lease."""
+    the guest keeps running on src, no livemig throttle (patched build) is left (it
+    lapses with its 1 s lease), and the next run for the domain undoes the dead run's
+    passthrough setting."""
     from livemig.virt import qmp
 
     name = _unique("lmkill")
@@ -398,7 +399,8 @@ def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
         _wait_busy(name)
         proc = subprocess.Popen(livemig_cmd(
             "migrate", "--domain", name, "--connect", libvirtd.uri("src"),
-            "--to", libvirtd.uri("dst"), "--unsafe", "--bandwidth", "4M"),
+            "--to", libvirtd.uri("dst"), "--unsafe", "--bandwidth", "4M",
+            "--set", "throttle-trigger-threshold=60"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 120
@@ -430,6 +432,23 @@ def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
                 assert params.get("cpu-throttle-direct", 0) == 0
             with contextlib.suppress(Exception):
                 d.abortJob()  # libvirt's job outlives livemig; end it
+            end = time.monotonic() + 60
+            while d.jobInfo()[0] != 0 and time.monotonic() < end:
+                time.sleep(0.2)
+            # the dead run's passthrough setting is still there ...
+            assert qmp.command(d, "query-migrate-parameters")[
+                "throttle-trigger-threshold"] == 60
+        finally:
+            c.close()
+        # ... until the next livemig run for this domain undoes it
+        proc2, rep = _migrate(tmp_path, name, "--unsafe", "--bandwidth", "2M",
+                              "--max-time", "3")
+        assert proc2.returncode == 3, rep.get("reason")
+        assert any(e["event"] == "repaired a dead run's settings" for e in rep["events"])
+        c = _conn("src")
+        try:
+            params = qmp.command(c.lookupByName(name), "query-migrate-parameters")
+            assert params["throttle-trigger-threshold"] == 50
         finally:
             c.close()
     finally:

@@ -39,7 +39,7 @@ from livemig.policy.base import (
 from livemig.policy.convergence import DowntimeRamp, LastResort
 from livemig.policy.throttle import ThrottlePolicy
 from livemig.progress import Progress
-from livemig.virt import qmp
+from livemig.virt import journal, qmp
 from livemig.virt.conn import LibvirtError, find, libvirt_module, lookup, message, open_uri
 from livemig.virt.facts import (
     compare_copied_disks,
@@ -180,6 +180,7 @@ class DomainMigration:
         for note in plan.notes:
             self.run.event("not applied", note=note)
             self.progress.step(note)
+        self._repair_leftovers()
         self._apply_source_settings(plan, dict(info.parameters))
         if plan.throttle in POLICY_THROTTLES:
             self.policies.append(ThrottlePolicy(plan.throttle))
@@ -200,14 +201,51 @@ class DomainMigration:
                        "the migration, so the frozen source cannot be digested from "
                        "outside; needs QEMU to digest at switchover (see docs)"}
 
+    def _repair_leftovers(self) -> None:
+        """Undo what a dead livemig run (kill -9) left set on this domain's QEMU, on
+        whichever end it runs now, unless a migration job still runs there."""
+        o = self.opts
+        j = journal.left_by_dead_run(o.domain)
+        if j is None:
+            return
+        ends = [(j.get("src_uri"), j.get("params") or {}, j.get("caps") or {}),
+                (j.get("dst_uri"), j.get("dst_params") or {}, {})]
+        repaired = []
+        for uri, params, caps in ends:
+            dom = self.dom if uri == o.src_uri else (
+                find(self.dst_conn, o.domain) if uri == o.dst_uri else None)
+            if dom is None or not dom.isActive() or not (params or caps):
+                continue
+            if dom.jobInfo()[0] != self.libvirt.VIR_DOMAIN_JOB_NONE:
+                self.run.event("leftovers kept: a job still runs", uri=uri)
+                continue
+            if params:
+                qmp.command(dom, "migrate-set-parameters", **params)
+            if caps:
+                qmp.command(dom, "migrate-set-capabilities", capabilities=[
+                    {"capability": k, "state": v} for k, v in caps.items()])
+            repaired.append({"uri": uri, "parameters": params, "capabilities": caps})
+        if repaired:
+            self.run.event("repaired a dead run's settings", ends=repaired)
+            self.progress.step(f"restored what a dead livemig run left set on "
+                               f"{o.domain}: {repaired}")
+        journal.remove(o.domain)
+
     def _apply_source_settings(self, plan: Plan, current: dict[str, Any]) -> None:
+        caps: dict[str, bool] = {}
         if plan.src_caps:
             caps = qmp.current_capabilities(self.dom)
-            self.restore_caps = {k: caps[k] for k in plan.src_caps if k in caps}
+        self.restore_caps = {k: caps[k] for k in plan.src_caps if k in caps}
+        self.restore_params = {k: current[k] for k in plan.src_qmp if k in current}
+        if plan.src_qmp or plan.src_caps or plan.dst_globals:
+            journal.write(self.opts.domain, src_uri=self.opts.src_uri,
+                          dst_uri=self.opts.dst_uri, params=self.restore_params,
+                          caps=self.restore_caps,
+                          dst_params={k: current.get(k, "none") for k in plan.dst_globals})
+        if plan.src_caps:
             qmp.command(self.dom, "migrate-set-capabilities", capabilities=[
                 {"capability": k, "state": v} for k, v in plan.src_caps.items()])
         if plan.src_qmp:
-            self.restore_params = {k: current[k] for k in plan.src_qmp if k in current}
             try:
                 qmp.command(self.dom, "migrate-set-parameters", **plan.src_qmp)
             except LibvirtError as e:
@@ -423,6 +461,8 @@ class DomainMigration:
             err = message(e) if isinstance(e, self.libvirt.libvirtError) else str(e)
             self.run.event("after the migration", error=err)
             self.progress.step(f"after the migration: {err}")
+        else:
+            journal.remove(self.opts.domain)
 
     def _finish_completed(self) -> None:
         o = self.opts
@@ -517,12 +557,14 @@ def run_domain_migration(opts: DomainOptions, progress: Progress,
         if m.run.t_migrate is None and m.dom is not None:
             with contextlib.suppress(Exception):
                 m._restore_source()
+                journal.remove(opts.domain)
         raise LibvirtError(message(e)) from None
     except BaseException:
         # a failure before the migration started: undo what prepare() set
         if m.run.t_migrate is None and m.dom is not None:
             with contextlib.suppress(Exception):
                 m._restore_source()
+                journal.remove(opts.domain)
         raise
     finally:
         m.cleanup()
