@@ -55,3 +55,21 @@ def test_uris_and_testbed_routing() -> None:
     assert libvirtd.side_of_address("10.77.0.2") == "dst"
     assert libvirtd.side_of_address("192.0.2.1") is None
     assert conn.testbed_side("qemu+tcp://192.0.2.1/system") is None
+
+
+def test_journal_names_only_dead_runs() -> None:
+    import json
+
+    from livemig.virt import journal
+
+    journal.write("vm/1", src_uri="qemu+tcp://a/system", params={"x": 1})
+    assert journal.left_by_dead_run("vm/1") is None  # this process is its owner
+    p = journal.path("vm/1")
+    data = json.loads(p.read_text())
+    data["owner_pid"], data["owner_start"] = 2**22 + 7, "1"  # no such process
+    p.write_text(json.dumps(data))
+    left = journal.left_by_dead_run("vm/1")
+    assert left is not None and left["params"] == {"x": 1}
+    assert p.name != "state.json" and "/" not in p.name
+    journal.remove("vm/1")
+    assert journal.left_by_dead_run("vm/1") is None
