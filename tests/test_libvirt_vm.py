@@ -442,9 +442,12 @@ def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
             c.close()
         # ... until the next livemig run for this domain undoes it
         proc2, rep = _migrate(tmp_path, name, "--unsafe", "--bandwidth", "2M",
-                              "--max-time", "3")
+                              "--max-time", "3", "--set", "throttle-trigger-threshold=70")
         assert proc2.returncode == 3, rep.get("reason")
         assert any(e["event"] == "repaired a dead run's settings" for e in rep["events"])
+        # and its own change (70) is undone to the real original, not to the leftover
+        assert rep["source_after"]["restored"]["parameters"] == {
+            "throttle-trigger-threshold": 50}
         c = _conn("src")
         try:
             params = qmp.command(c.lookupByName(name), "query-migrate-parameters")

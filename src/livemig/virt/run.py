@@ -147,12 +147,14 @@ class DomainMigration:
             raise UsageError(f"domain {o.domain!r} is not running on {o.src_uri} "
                              "(livemig migrates running domains)")
         self.dst_conn = open_uri(o.dst_uri, "--to")
-        if host_uuid(self.src_conn) == host_uuid(self.dst_conn):
+        src_host = host_uuid(self.src_conn)
+        if src_host is not None and src_host == host_uuid(self.dst_conn):
             raise UsageError("--connect and --to reach the same libvirt host (same host "
                              "UUID)")
         other = find(self.dst_conn, o.domain)
         if other is not None and other.isActive():
             raise UsageError(f"domain {o.domain!r} already runs on {o.dst_uri}")
+        self._repair_leftovers()  # first: what is probed next is then the real state
         xml = self.dom.XMLDesc(0)
         self.disks = writable_disks(xml)
         info = qmp.probe(self.dom)
@@ -180,7 +182,6 @@ class DomainMigration:
         for note in plan.notes:
             self.run.event("not applied", note=note)
             self.progress.step(note)
-        self._repair_leftovers()
         self._apply_source_settings(plan, dict(info.parameters))
         if plan.throttle in POLICY_THROTTLES:
             self.policies.append(ThrottlePolicy(plan.throttle))
