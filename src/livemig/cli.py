@@ -142,6 +142,10 @@ on its dst host (network namespaces joined by a shaped link, created when needed
 migrate the guest live while a client probes it over the network, compare its RAM
 page by page (and its disk, with --storage copy), and report.
 
+With --domain NAME --connect SRC_URI --to DST_URI: migrate a running libvirt domain
+between two libvirt daemons instead, through libvirt's API, with the profile applied
+through libvirt's migration parameters and the monitor passthrough (README: libvirt).
+
 exit status: 0 completed and consistent, 1 failed, 2 bad usage, 3 aborted
 (--max-time or Ctrl-C; the source keeps running), 4 completed with a consistency
 mismatch."""
