@@ -29,7 +29,7 @@ $(BIN)/.stamp: pyproject.toml
 	@echo "== python venv ($(VENV))"
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,libvirt]'
 	ln -sf "$(CURDIR)/$(BIN)/livemig" /usr/local/bin/livemig
 	touch $@
 

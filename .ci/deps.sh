@@ -3,7 +3,12 @@
 # image's build dependencies are installed by their own scripts). Idempotent.
 set -euo pipefail
 want=(python3-venv iproute2 iputils-ping zstd seabios ipxe-qemu qemu-system-data
-      busybox-static cpio gzip kmod util-linux mmdebstrap e2fsprogs)
+      busybox-static cpio gzip kmod util-linux mmdebstrap e2fsprogs
+      # libvirt as the multi-host engine (per-host daemons on the testbed): bookworm's
+      # 9.0 daemon and QEMU driver without the system service (the testbed starts one
+      # daemon per host itself), plus what the venv needs to build libvirt-python.
+      libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
+      python3-dev gcc pkg-config)
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

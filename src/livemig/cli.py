@@ -94,6 +94,17 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--run-id", help="name of this run (default: random); QEMU processes "
                    "are named livemig-RUNID-src/dst")
     m.add_argument("-q", "--quiet", action="store_true", help="no live progress")
+    lv = m.add_argument_group("libvirt (migrate a running domain between two daemons)")
+    lv.add_argument("--domain", metavar="NAME", help="the libvirt domain to migrate "
+                    "(instead of a lab VM)")
+    lv.add_argument("--connect", metavar="SRC_URI", help="the source daemon, e.g. "
+                    "qemu+tcp://10.77.0.1/system (livemig testbed libvirt-uri src)")
+    lv.add_argument("--to", metavar="DST_URI", help="the destination daemon")
+    lv.add_argument("--unsafe", action="store_true", help="pass VIR_MIGRATE_UNSAFE: the "
+                    "disk is shared but libvirt cannot tell (e.g. one local file both "
+                    "testbed hosts see)")
+    lv.add_argument("--migrate-uri", metavar="URI", help="where the migration stream "
+                    "goes (default: the destination's migration_host)")
 
     b = sub.add_parser("bench", help="run scenarios x profiles side by side")
     b.add_argument("scenarios", nargs="+", type=Path, help="scenario files (bench/scenarios)")
@@ -155,6 +166,10 @@ Lab run (default): boot a source VM running a workload on the testbed's src host
 and a destination VM on its dst host (network namespaces joined by a shaped link,
 created when needed), migrate the guest live while a client probes it over the
 network, compare its RAM page by page (and its disk, with --storage copy), report.
+
+With --domain NAME --connect SRC_URI --to DST_URI: migrate a running libvirt domain
+between two libvirt daemons instead, through libvirt's API, with the profile applied
+through libvirt's migration parameters and the monitor passthrough (README: libvirt).
 
 exit status: 0 completed and consistent, 1 failed, 2 bad usage, 3 aborted
 (--max-time or Ctrl-C; the source keeps running), 4 completed with a consistency
@@ -314,6 +329,13 @@ async def _run_migration(mig: LabRun) -> None:
 
 
 def cmd_migrate(a: argparse.Namespace) -> int:
+    if a.domain is not None:
+        from livemig.virt.cli import cmd_migrate_domain
+
+        a.storage = a.storage or "shared"
+        return cmd_migrate_domain(a, vars(_build_parser().parse_args(["migrate"])))
+    if a.connect or a.to or a.unsafe or a.migrate_uri:
+        raise UsageError("--connect, --to, --unsafe and --migrate-uri go with --domain")
     if a.src_qmp or a.dst_qmp or a.uri or a.dst_start:
         return cmd_attach(a)
     opts = _migrate_options(a)

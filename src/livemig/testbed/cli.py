@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from livemig.paths import ensure_root
@@ -21,7 +22,14 @@ def register(sub: Any) -> None:
     u.add_argument("--link", default=topology.DEFAULT_LINK,
                    help="migration link rate: 100mbit, 1gbit, 10gbit or none "
                         f"(default {topology.DEFAULT_LINK})")
+    u.add_argument("--libvirt", action="store_true",
+                   help="also start a libvirt daemon in each of src and dst (own "
+                        "directories and host UUID; plain TCP without auth: a test lab)")
     u.set_defaults(func=_up)
+    lu = tsub.add_parser("libvirt-uri", help="print the connection URI of a host's "
+                         "libvirt daemon (testbed up --libvirt)")
+    lu.add_argument("host", choices=("src", "dst"))
+    lu.set_defaults(func=_libvirt_uri)
     d = tsub.add_parser("down", help="remove the hosts and everything in them "
                         "(also repairs what a crashed run left)")
     d.set_defaults(func=_down)
@@ -46,6 +54,22 @@ def _up(a: argparse.Namespace) -> int:
         else:
             topology.up(link, owner="testbed up")
             print(f"testbed up: hosts {', '.join(topology.HOSTS.values())}, link {a.link}")
+        if a.libvirt:
+            from livemig.testbed import libvirtd
+
+            for side, uri in libvirtd.up().items():
+                print(f"libvirtd on {side}: {uri}")
+    return 0
+
+
+def _libvirt_uri(a: argparse.Namespace) -> int:
+    from livemig.testbed import libvirtd
+
+    if not libvirtd.is_running(a.host):
+        print(f"livemig: error: no libvirt daemon on {a.host} "
+              "(livemig testbed up --libvirt)", file=sys.stderr)
+        return 2
+    print(libvirtd.uri(a.host))
     return 0
 
 
@@ -53,14 +77,21 @@ def _down(a: argparse.Namespace) -> int:
     ensure_root()
     from livemig.lab.leftovers import reap
 
-    removed = topology.down(quiet=True)
+    # under the lock: a run (or a test module holding the hosts) in another checkout
+    # is not torn down under its feet; a dead run's lock is free (flock dies with it)
+    with topology.locked():
+        removed = topology.down(quiet=True)
     removed += reap()  # QEMUs and RAM files of runs whose livemig died (also --link local)
     print("removed " + ", ".join(removed) if removed else "nothing to remove")
     return 0
 
 
 def _status(a: argparse.Namespace) -> int:
+    from livemig.testbed import libvirtd
+
     st = topology.status()
+    st["libvirt"] = {side: libvirtd.uri(side) if libvirtd.is_running(side) else None
+                     for side in libvirtd.SIDES}
     if a.json:
         print(json.dumps(st, indent=2))
         return 0
@@ -76,7 +107,8 @@ def _status(a: argparse.Namespace) -> int:
             print(f"  {name:7} missing")
         else:
             print(f"  {name:7} {h['namespace']}: {h['processes']} processes, links "
-                  f"{', '.join(h['links'])}" + (f"; {h['qdisc']}" if h["qdisc"] else ""))
+                  f"{', '.join(h['links'])}" + (f"; {h['qdisc']}" if h["qdisc"] else "")
+                  + (f"; libvirtd {st['libvirt'][name]}" if st["libvirt"].get(name) else ""))
     return 0
 
 

@@ -138,7 +138,9 @@ def set_link(link: int | None) -> None:
 
 def down(quiet: bool = False) -> list[str]:
     """Kill what runs in the hosts and delete them; return what was removed."""
-    removed: list[str] = []
+    from livemig.testbed import libvirtd  # its daemons live in the hosts too
+
+    removed: list[str] = libvirtd.down()
     for ns in HOSTS.values():
         if not netns.exists(ns):
             continue

@@ -1,0 +1,82 @@
+"""``livemig migrate --domain NAME --connect SRC_URI --to DST_URI``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from livemig.errors import FaultInjectionRefused, UsageError
+from livemig.progress import Progress
+from livemig.report import write_report
+from livemig.settings import merge, parse_sets
+from livemig.units import parse_size
+from livemig.virt import record
+from livemig.virt.plan import Request
+from livemig.virt.run import DomainOptions, run_domain_migration
+
+EXIT_ABORTED = 3
+EXIT_MISMATCH = 4
+# options of a lab run (livemig boots the guest) that mean nothing for a domain
+LAB_ONLY = ("memory", "vcpus", "workload", "link", "qemu", "accel", "disk_size",
+            "disk_fill", "keep_run_dir", "run_id")
+FAULT_ENV = "LIVEMIG_ALLOW_FAULT_INJECTION"
+
+
+def options(a: argparse.Namespace, defaults: dict[str, Any]) -> DomainOptions:
+    if not a.connect or not a.to:
+        raise UsageError("--domain needs --connect SRC_URI and --to DST_URI")
+    given = [k for k in LAB_ONLY if getattr(a, k, None) != defaults.get(k)]
+    if given:
+        raise UsageError(f"--{given[0].replace('_', '-')} is for lab runs (livemig boots "
+                         "the guest), not with --domain")
+    if a.max_time is not None and a.max_time <= 0:
+        raise UsageError("--max-time must be positive")
+    if a.report and a.report.is_dir():
+        raise UsageError(f"--report {a.report} is a directory")
+    sets = parse_sets(a.set)
+    req = Request(storage=a.storage,
+                  bandwidth=parse_size(a.bandwidth, "--bandwidth") if a.bandwidth else None,
+                  unsafe=a.unsafe, verify=not a.no_verify, migrate_uri=a.migrate_uri)
+    return DomainOptions(domain=a.domain, src_uri=a.connect, dst_uri=a.to,
+                         profile=a.profile, wanted=merge(a.profile, sets),
+                         explicit=frozenset(sets), request=req, max_time=a.max_time,
+                         disk_fault=_disk_fault(a.inject_fault, a.storage))
+
+
+def _disk_fault(items: list[str], storage: str) -> int | None:
+    """``--inject-fault disk-byte@OFFSET``: the only fault of a libvirt run."""
+    if not items:
+        return None
+    if os.environ.get(FAULT_ENV) != "1":
+        raise FaultInjectionRefused(f"--inject-fault corrupts the migrated guest on "
+                                    f"purpose; set {FAULT_ENV}=1 to allow it")
+    kind, sep, addr = items[0].partition("@")
+    if len(items) > 1 or kind != "disk-byte" or not sep:
+        raise UsageError("with --domain only one --inject-fault disk-byte@OFFSET")
+    if storage != "copy":
+        raise UsageError("--inject-fault disk-byte needs --storage copy")
+    try:
+        return int(addr, 0)
+    except ValueError:
+        raise UsageError(f"bad --inject-fault offset {addr!r}") from None
+
+
+def cmd_migrate_domain(a: argparse.Namespace, defaults: dict[str, Any]) -> int:
+    opts = options(a, defaults)
+    run = run_domain_migration(opts, Progress(enabled=not a.quiet))
+    rep = record.build(run)
+    if a.report:
+        write_report(rep, a.report)
+    print(record.summary(rep))
+    if a.report:
+        print(f"report           {a.report}")
+    if rep["outcome"] == "failed":
+        print(f"livemig: migration failed: {rep['reason']}", file=sys.stderr)
+        return 1
+    if rep["outcome"] == "aborted":
+        return EXIT_ABORTED
+    if "mismatch" in (rep["consistency"]["ram"], rep["consistency"]["disk"]):
+        return EXIT_MISMATCH
+    return 0

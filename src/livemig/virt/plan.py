@@ -1,0 +1,307 @@
+"""livemig's profile and ``--set`` overrides, turned into what libvirt takes.
+
+Pure: no I/O, so every mapping is unit-tested. What libvirt has a name for goes
+through libvirt (flags and typed migration parameters of ``virDomainMigrateToURI3``,
+``migrateSetMaxDowntime`` once the job runs), because libvirt sets migration
+capabilities and parameters on *both* QEMUs and resets them afterwards. What libvirt
+(9.0, bookworm's) has no name for goes through the QMP passthrough on the source:
+
+- ``multifd-compression`` (libvirt 9.0 knows only ``mt``, the compression QEMU 9.1
+  removed, and ``xbzrle``; ``zlib``/``zstd`` came in libvirt 9.4, ``lz4`` is
+  livemig's patch): set on the source by passthrough, and on the destination with
+  ``-global migration.multifd-compression=...`` in the destination's live XML
+  (``VIR_MIGRATE_PARAM_DEST_XML``), since the destination QEMU is started by the
+  other daemon and must decode the same method. The persistent definition on the
+  destination stays the user's;
+- the patched QEMU's knobs (``cpu-throttle-direct`` / ``set-cpu-throttle``,
+  ``multifd-lz4-*``, ``hot-page-*``) and any other stock parameter libvirt does not
+  manage (e.g. ``throttle-trigger-threshold``, ``announce-*``): passthrough on the
+  source, restored by livemig if the source keeps running.
+
+Capabilities libvirt manages itself (``events``, ``return-path``,
+``pause-before-switchover``, ``late-block-activate``, ``dirty-bitmaps``, ...) are
+refused: libvirt would overwrite them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from livemig.errors import UsageError
+from livemig.settings import LIVEMIG_SETTINGS, _convert_param
+
+# libvirt's flag and parameter names (values from libvirt-domain.h; the binding is
+# not imported here so that this module stays pure and testable without libvirt)
+LIVE = 1 << 0
+PEER2PEER = 1 << 1
+PERSIST_DEST = 1 << 3
+UNDEFINE_SOURCE = 1 << 4
+PAUSED = 1 << 5
+NON_SHARED_DISK = 1 << 6
+UNSAFE = 1 << 9
+COMPRESSED = 1 << 11
+ABORT_ON_ERROR = 1 << 12
+AUTO_CONVERGE = 1 << 13
+POSTCOPY = 1 << 15
+PARALLEL = 1 << 17
+ZEROCOPY = 1 << 20
+
+FLAG_NAMES = {LIVE: "live", PEER2PEER: "peer2peer", PERSIST_DEST: "persist_dest",
+              UNDEFINE_SOURCE: "undefine_source", PAUSED: "paused",
+              NON_SHARED_DISK: "non_shared_disk", UNSAFE: "unsafe",
+              COMPRESSED: "compressed", ABORT_ON_ERROR: "abort_on_error",
+              AUTO_CONVERGE: "auto_converge", POSTCOPY: "postcopy",
+              PARALLEL: "parallel", ZEROCOPY: "zerocopy"}
+
+P_BANDWIDTH = "bandwidth"  # MiB/s
+P_BANDWIDTH_POSTCOPY = "bandwidth.postcopy"  # MiB/s too
+P_COMPRESSION = "compression"
+P_XBZRLE_CACHE = "compression.xbzrle.cache"
+P_PARALLEL = "parallel.connections"
+P_AC_INITIAL = "auto_converge.initial"
+P_AC_INCREMENT = "auto_converge.increment"
+P_MIGRATE_DISKS = "migrate_disks"
+P_URI = "migrate_uri"
+
+# capabilities libvirt decides itself on both ends (it would overwrite ours)
+LIBVIRT_OWNED_CAPS = frozenset({
+    "events", "return-path", "pause-before-switchover", "late-block-activate",
+    "dirty-bitmaps", "x-colo", "rdma-pin-all", "release-ram", "validate-uuid",
+    "background-snapshot", "mapped-ram", "x-ignore-shared", "switchover-ack",
+    "postcopy-preempt", "postcopy-blocktime", "zero-blocks",
+})
+LIBVIRT_OWNED_PARAMS = frozenset({
+    "tls-creds", "tls-hostname", "tls-authz", "max-postcopy-bandwidth", "mode",
+    "block-incremental",
+})
+# parameters the destination must share because they change the stream's encoding
+STREAM_PARAMS = frozenset({"multifd-compression"})
+# patched QEMU (qemu/patches): the direct throttle, as a command or as a parameter
+THROTTLE_COMMAND = "set-cpu-throttle"
+THROTTLE_CANCEL = "cancel-cpu-throttle"
+THROTTLE_PARAM = "cpu-throttle-direct"
+LEASE_PARAM = "cpu-throttle-lease-ms"
+LZ4_MARK = "multifd-lz4-acceleration"  # present in the patched build only
+LAB_ONLY = ("io-qos", "pin", "disk-granularity", "disk-schedule", "disk-speed",
+            "disk-copy-mode", "warmup", "settle")
+POLICY_THROTTLES = ("reference", "direct", "staged")
+
+
+@dataclass(frozen=True)
+class QemuInfo:
+    """What the source QEMU offers (from the passthrough before the migration)."""
+
+    capabilities: frozenset[str]
+    parameters: Mapping[str, Any]
+    commands: frozenset[str]
+
+    @property
+    def throttle_knob(self) -> str | None:
+        if THROTTLE_COMMAND in self.commands:
+            return "command"
+        if THROTTLE_PARAM in self.parameters:
+            return "parameter"
+        return None
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked for, besides the profile."""
+
+    storage: str = "shared"  # shared | copy
+    disks: tuple[str, ...] = ()  # target names (vda, ...) to copy with --storage copy
+    bandwidth: int | None = None  # bytes/s
+    unsafe: bool = False
+    verify: bool = True
+    migrate_uri: str | None = None  # where the data goes (default: libvirt's choice)
+
+
+@dataclass(frozen=True)
+class Plan:
+    flags: int
+    params: dict[str, Any]
+    src_qmp: dict[str, Any]  # migrate-set-parameters on the source (passthrough)
+    src_caps: dict[str, bool]  # migrate-set-capabilities on the source (passthrough)
+    dst_globals: dict[str, str]  # -global migration.KEY=VALUE on the destination
+    downtime_ms: int | None
+    throttle: str  # off | auto-converge | reference | direct | staged
+    throttle_knob: str | None  # command | parameter (when throttle is a policy)
+    downtime_ramp: bool
+    max_downtime: int
+    on_stall: str
+    poll_interval: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def flag_names(self) -> list[str]:
+        return [n for f, n in FLAG_NAMES.items() if self.flags & f]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"flags": self.flag_names(), "params": dict(self.params),
+                "source_passthrough": {"parameters": dict(self.src_qmp),
+                                       "capabilities": dict(self.src_caps)},
+                "destination_globals": dict(self.dst_globals),
+                "downtime_ms": self.downtime_ms, "throttle": self.throttle,
+                "throttle_knob": self.throttle_knob, "downtime_ramp": self.downtime_ramp,
+                "max_downtime": self.max_downtime, "on_stall": self.on_stall,
+                "poll_interval": self.poll_interval, "notes": list(self.notes)}
+
+
+def _onoff(key: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("on", "true", "yes", "1"):
+        return True
+    if v in ("off", "false", "no", "0"):
+        return False
+    raise UsageError(f"bad --set {key}={value}: expected on or off")
+
+
+def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInfo,
+              req: Request) -> Plan:
+    """Everything decided before the migration starts; UsageError on what cannot be."""
+    flags = LIVE | PEER2PEER | PERSIST_DEST | UNDEFINE_SOURCE | ABORT_ON_ERROR
+    params: dict[str, Any] = {}
+    src_qmp: dict[str, Any] = {}
+    src_caps: dict[str, bool] = {}
+    notes: list[str] = []
+    lm: dict[str, Any] = {k: s.default for k, s in LIVEMIG_SETTINGS.items()}
+    downtime: int | None = None
+
+    for key, value in wanted.items():
+        if key in LIVEMIG_SETTINGS:
+            try:
+                lm[key] = LIVEMIG_SETTINGS[key].kind(value)
+            except (ValueError, UsageError):
+                raise UsageError(f"bad --set {key}={value}: "
+                                 f"{LIVEMIG_SETTINGS[key].doc}") from None
+            continue
+        if key in qemu.capabilities:
+            on = _onoff(key, value)
+            if key in LIBVIRT_OWNED_CAPS:
+                raise UsageError(f"--set {key}: libvirt decides this capability itself")
+            if key == "multifd":
+                flags = flags | PARALLEL if on else flags & ~PARALLEL
+            elif key == "xbzrle":
+                if on:
+                    flags |= COMPRESSED
+                    params[P_COMPRESSION] = "xbzrle"
+            elif key == "auto-converge":
+                flags = flags | AUTO_CONVERGE if on else flags & ~AUTO_CONVERGE
+            elif key == "postcopy-ram":
+                flags = flags | POSTCOPY if on else flags & ~POSTCOPY
+            elif key == "zero-copy-send":
+                flags = flags | ZEROCOPY if on else flags & ~ZEROCOPY
+            else:  # a capability libvirt does not know (e.g. a patched one)
+                src_caps[key] = on
+            continue
+        if key in qemu.parameters:
+            if key in LIBVIRT_OWNED_PARAMS:
+                raise UsageError(f"--set {key}: libvirt decides this parameter itself")
+            v = _convert_param(key, value, qemu.parameters[key])
+            if key == "multifd-channels":
+                params[P_PARALLEL] = int(v)
+            elif key == "xbzrle-cache-size":
+                params[P_XBZRLE_CACHE] = int(v)
+            elif key == "cpu-throttle-initial":
+                params[P_AC_INITIAL] = int(v)
+            elif key == "cpu-throttle-increment":
+                params[P_AC_INCREMENT] = int(v)
+            elif key == "max-bandwidth":
+                params[P_BANDWIDTH] = _mib(int(v))
+            elif key == "downtime-limit":
+                downtime = int(v)
+            else:
+                src_qmp[key] = v
+            continue
+        raise UsageError(f"unknown setting {key!r}: not a livemig setting, nor a migration "
+                         "capability or parameter of the domain's QEMU (is it the patched "
+                         "build?)")
+
+    # livemig settings that libvirt can carry out
+    encoding = str(lm["encoding"])
+    if encoding == "auto":
+        notes.append("encoding=auto not applied: it samples the guest's RAM through the "
+                     "lab's shared RAM file, which a libvirt domain does not have")
+    elif encoding == "xbzrle" and "xbzrle" not in explicit:
+        flags = (flags | COMPRESSED) & ~PARALLEL
+        params[P_COMPRESSION] = "xbzrle"
+    elif encoding in ("lz4", "plain"):
+        flags |= PARALLEL
+        if encoding == "lz4":
+            if LZ4_MARK not in qemu.parameters:
+                raise UsageError("encoding=lz4 needs the patched QEMU (multifd lz4); the "
+                                 "domain's emulator lacks it")
+            src_qmp.setdefault("multifd-compression", "lz4")
+    if src_qmp.get("multifd-compression", "none") != "none":
+        flags |= PARALLEL
+    if flags & PARALLEL and flags & COMPRESSED:
+        raise UsageError("multifd (parallel connections) and xbzrle exclude each other "
+                         "in QEMU: choose one")
+    throttle = str(lm["throttle"])
+    knob = qemu.throttle_knob if throttle in POLICY_THROTTLES else None
+    if throttle in POLICY_THROTTLES and knob is None:
+        notes.append(f"throttle={throttle} needs the patched QEMU's direct throttle "
+                     f"({THROTTLE_COMMAND} or {THROTTLE_PARAM}); the domain's emulator "
+                     "lacks it: libvirt's auto-converge instead")
+        throttle = "auto-converge"
+    if throttle == "auto-converge":
+        flags |= AUTO_CONVERGE
+    elif throttle == "dirty-limit":
+        raise UsageError("throttle=dirty-limit: libvirt 9.0 has no dirty-limit migration "
+                         "flag (and it needs KVM with a dirty ring)")
+    on_stall = str(lm["on-stall"])
+    if on_stall == "postcopy":
+        flags |= POSTCOPY
+    for key in LAB_ONLY:
+        if key in explicit:
+            notes.append(f"{key} not applied: a lab-run setting (livemig does not "
+                         "drive the disk copy or the guest's threads under libvirt)")
+
+    # storage, bandwidth, destination
+    if req.storage == "copy":
+        flags |= NON_SHARED_DISK
+        if req.disks:
+            params[P_MIGRATE_DISKS] = list(req.disks)
+    elif req.unsafe:
+        flags |= UNSAFE
+    if req.bandwidth is not None:
+        params[P_BANDWIDTH] = _mib(req.bandwidth)
+        if flags & POSTCOPY:  # else post-copy runs unlimited
+            params[P_BANDWIDTH_POSTCOPY] = _mib(req.bandwidth)
+    if req.migrate_uri:
+        params[P_URI] = req.migrate_uri
+    if req.verify and req.storage == "copy":
+        flags |= PAUSED  # the images are compared before the destination runs
+    dst_globals = {k: str(v) for k, v in src_qmp.items() if k in STREAM_PARAMS}
+    return Plan(flags=flags, params=params, src_qmp=src_qmp, src_caps=src_caps,
+                dst_globals=dst_globals, downtime_ms=downtime, throttle=throttle,
+                throttle_knob=knob, downtime_ramp=bool(lm["downtime-ramp"]),
+                max_downtime=int(lm["max-downtime"]), on_stall=on_stall,
+                poll_interval=float(lm["poll-interval"]), notes=tuple(notes))
+
+
+def _mib(bytes_per_s: int) -> int:
+    """libvirt's migration bandwidth is in MiB/s: round up, never to 0 (= unlimited)."""
+    return max(1, math.ceil(bytes_per_s / (1 << 20)))
+
+
+def with_globals(xml: str, globals_: Mapping[str, str]) -> str:
+    """The domain's XML with ``-global migration.K=V`` for its QEMU (destination)."""
+    if not globals_:
+        return xml
+    ns = "http://libvirt.org/schemas/domain/qemu/1.0"
+    args = "".join(f"<qemu:arg value='-global'/><qemu:arg value='migration.{k}={v}'/>"
+                   for k, v in sorted(globals_.items()))
+    head, sep, tail = xml.rpartition("</domain>")
+    if not sep:
+        raise UsageError("the domain's XML has no </domain>")
+    if "<qemu:commandline>" in head:
+        head = head.replace("<qemu:commandline>", "<qemu:commandline>" + args, 1)
+        body = head
+    else:
+        body = head + f"<qemu:commandline>{args}</qemu:commandline>"
+    if f"xmlns:qemu='{ns}'" not in body and f'xmlns:qemu="{ns}"' not in body:
+        body = body.replace("<domain ", f"<domain xmlns:qemu='{ns}' ", 1)
+    return body + sep + tail

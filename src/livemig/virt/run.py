@@ -1,0 +1,572 @@
+"""One migration of a libvirt domain, driven through libvirt's API.
+
+Phases (one method each): ``prepare`` (connections, domain, what its QEMU offers,
+the plan, the source-side passthrough settings, remembered for restoring) →
+``migrate`` (a thread blocked in ``virDomainMigrateToURI3``, peer-to-peer, while
+the main loop polls ``jobStats()``, feeds livemig's policies, renews the throttle
+lease and aborts on Ctrl-C or ``--max-time``) → ``finish`` (on success: completed
+statistics from the destination, the disk comparison while the destination is held
+paused, then resume it; otherwise: the source keeps running and everything livemig
+changed on it is restored).
+
+livemig never stops or kills the domain: libvirt does the switchover, and on any
+failure or abort libvirt resumes the source; livemig only undoes its own settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from livemig.errors import LivemigError, UsageError
+from livemig.policy.base import (
+    AbortMigration,
+    Action,
+    ForceSwitchover,
+    Policy,
+    SetDowntimeLimit,
+    SetRamBandwidth,
+    SetThrottle,
+    StartPostcopy,
+    StrategyExhausted,
+)
+from livemig.policy.convergence import DowntimeRamp, LastResort
+from livemig.policy.throttle import ThrottlePolicy
+from livemig.progress import Progress
+from livemig.virt import journal, qmp
+from livemig.virt.conn import LibvirtError, find, libvirt_module, lookup, message, open_uri
+from livemig.virt.facts import (
+    compare_copied_disks,
+    cpu_seconds,
+    emulator,
+    host_uuid,
+    same_file_on_both,
+    version,
+    writable_disks,
+)
+from livemig.virt.plan import (
+    LEASE_PARAM,
+    PAUSED,
+    POLICY_THROTTLES,
+    THROTTLE_CANCEL,
+    THROTTLE_COMMAND,
+    THROTTLE_PARAM,
+    Plan,
+    Request,
+    make_plan,
+    with_globals,
+)
+from livemig.virt.stats import sample_of, snapshot
+
+log = logging.getLogger(__name__)
+
+LEASE_MS = 1000  # the throttle falls back to 0 unless renewed (polls are 4x faster)
+ABORT_WAIT_S = 60.0
+ABORT_RETRY_S = 1.0
+RAM_DIGEST_COMMAND = "x-query-ram-digest"
+
+
+@dataclass(frozen=True)
+class DomainOptions:
+    domain: str
+    src_uri: str
+    dst_uri: str
+    profile: str
+    wanted: dict[str, str]
+    explicit: frozenset[str]
+    request: Request
+    max_time: float | None = None
+    disk_fault: int | None = None  # debug: flip this byte of the destination's image
+
+
+@dataclass
+class Outcome:
+    outcome: str = "failed"  # completed | aborted | failed
+    reason: str | None = None
+
+
+@dataclass
+class DomainRun:
+    """What one run observed; ``record.build`` turns it into the report."""
+
+    opts: DomainOptions
+    t0: float = field(default_factory=time.time)
+    t_migrate: float | None = None
+    t_end: float | None = None
+    result: Outcome = field(default_factory=Outcome)
+    plan: Plan | None = None
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    completed_stats: dict[str, Any] = field(default_factory=dict)
+    cpu: dict[str, float | None] = field(default_factory=dict)
+    ram_check: dict[str, Any] = field(default_factory=dict)
+    disk_check: dict[str, Any] = field(default_factory=dict)
+    source_after: dict[str, Any] | None = None
+    destination: dict[str, Any] = field(default_factory=dict)
+    libvirt: dict[str, Any] = field(default_factory=dict)
+
+    def event(self, what: str, **data: Any) -> None:
+        self.events.append({"t": round(time.time() - self.t0, 3), "event": what, **data})
+
+
+class DomainMigration:
+    def __init__(self, opts: DomainOptions, progress: Progress) -> None:
+        self.opts = opts
+        self.progress = progress
+        self.run = DomainRun(opts)
+        self.libvirt = libvirt_module()
+        self.src_conn: Any = None
+        self.dst_conn: Any = None
+        self.dom: Any = None
+        self.disks: dict[str, str] = {}  # target -> source path (copied disks)
+        self.restore_params: dict[str, Any] = {}
+        self.restore_caps: dict[str, bool] = {}
+        self.orig_downtime: int | None = None
+        self.downtime_changed = False
+        self.throttle_pct = 0
+        self.policies: list[Policy] = []
+        self.last_resort: LastResort | None = None
+        self.stop_reason: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._mig_conn: Any = None
+        self._event_id: int | None = None
+
+    # -- phase 1 ------------------------------------------------------------------------
+    def prepare(self) -> None:
+        o = self.opts
+        self.src_conn = open_uri(o.src_uri, "--connect")
+        self.dom = lookup(self.src_conn, o.domain, o.src_uri)
+        if not self.dom.isActive():
+            raise UsageError(f"domain {o.domain!r} is not running on {o.src_uri} "
+                             "(livemig migrates running domains)")
+        self.dst_conn = open_uri(o.dst_uri, "--to")
+        src_host = host_uuid(self.src_conn)
+        if src_host is not None and src_host == host_uuid(self.dst_conn):
+            raise UsageError("--connect and --to reach the same libvirt host (same host "
+                             "UUID)")
+        other = find(self.dst_conn, o.domain)
+        if other is not None and other.isActive():
+            raise UsageError(f"domain {o.domain!r} already runs on {o.dst_uri}")
+        self._repair_leftovers()  # first: what is probed next is then the real state
+        xml = self.dom.XMLDesc(0)
+        self.disks = writable_disks(xml)
+        info = qmp.probe(self.dom)
+        req = o.request
+        if req.storage == "copy":
+            req = Request(**{**req.__dict__, "disks": tuple(self.disks)})
+        plan = make_plan(o.wanted, o.explicit, info, req)
+        if req.storage == "copy":
+            if not self.disks:
+                raise UsageError(f"--storage copy: domain {o.domain!r} has no writable disk")
+            shared = same_file_on_both(o.src_uri, o.dst_uri, list(self.disks.values()))
+            if shared:
+                raise UsageError(f"--storage copy: both hosts see {shared} as the same "
+                                 "file (shared storage: use --storage shared)")
+        self.run.plan = plan
+        self.run.libvirt = {
+            "library_version": version(self.libvirt.getVersion()),
+            "source_daemon": version(self.src_conn.getLibVersion()),
+            "destination_daemon": version(self.dst_conn.getLibVersion()),
+            "emulator": emulator(xml),
+            "source_host": self.src_conn.getHostname(),
+            "destination_host": self.dst_conn.getHostname(),
+        }
+        self.run.ram_check = self._ram_check_plan(info.commands)
+        for note in plan.notes:
+            self.run.event("not applied", note=note)
+            self.progress.step(note)
+        self._apply_source_settings(plan, dict(info.parameters))
+        if plan.throttle in POLICY_THROTTLES:
+            self.policies.append(ThrottlePolicy(plan.throttle))
+        if plan.downtime_ramp:
+            start = plan.downtime_ms or int(info.parameters.get("downtime-limit", 300))
+            self.policies.append(DowntimeRamp(start, plan.max_downtime))
+        self.last_resort = LastResort(plan.on_stall)
+        with contextlib.suppress(self.libvirt.libvirtError):
+            self.orig_downtime = int(self.dom.migrateGetMaxDowntime(0))
+
+    def _ram_check_plan(self, commands: frozenset[str]) -> dict[str, Any]:
+        if RAM_DIGEST_COMMAND not in commands:
+            return {"result": "skipped",
+                    "why": f"the domain's QEMU has no {RAM_DIGEST_COMMAND} (the patched "
+                           "build adds it)"}
+        return {"result": "skipped",
+                "why": "libvirt stops the source QEMU in the same step that completes "
+                       "the migration, so the frozen source cannot be digested from "
+                       "outside; needs QEMU to digest at switchover (see docs)"}
+
+    def _repair_leftovers(self) -> None:
+        """Undo what a dead livemig run (kill -9) left set on this domain's QEMU, on
+        whichever end it runs now, unless a migration job still runs there."""
+        o = self.opts
+        j = journal.left_by_dead_run(o.domain)
+        if j is None:
+            return
+        ends = [(j.get("src_uri"), j.get("params") or {}, j.get("caps") or {}),
+                (j.get("dst_uri"), j.get("dst_params") or {}, {})]
+        repaired = []
+        for uri, params, caps in ends:
+            dom = self.dom if uri == o.src_uri else (
+                find(self.dst_conn, o.domain) if uri == o.dst_uri else None)
+            if dom is None or not dom.isActive() or not (params or caps):
+                continue
+            if dom.jobInfo()[0] != self.libvirt.VIR_DOMAIN_JOB_NONE:
+                self.run.event("leftovers kept: a job still runs", uri=uri)
+                continue
+            if params:
+                qmp.command(dom, "migrate-set-parameters", **params)
+            if caps:
+                qmp.command(dom, "migrate-set-capabilities", capabilities=[
+                    {"capability": k, "state": v} for k, v in caps.items()])
+            repaired.append({"uri": uri, "parameters": params, "capabilities": caps})
+        if repaired:
+            self.run.event("repaired a dead run's settings", ends=repaired)
+            self.progress.step(f"restored what a dead livemig run left set on "
+                               f"{o.domain}: {repaired}")
+        journal.remove(o.domain)
+
+    def _apply_source_settings(self, plan: Plan, current: dict[str, Any]) -> None:
+        caps: dict[str, bool] = {}
+        if plan.src_caps:
+            caps = qmp.current_capabilities(self.dom)
+        self.restore_caps = {k: caps[k] for k in plan.src_caps if k in caps}
+        self.restore_params = {k: current[k] for k in plan.src_qmp if k in current}
+        if plan.src_qmp or plan.src_caps or plan.dst_globals:
+            journal.write(self.opts.domain, src_uri=self.opts.src_uri,
+                          dst_uri=self.opts.dst_uri, params=self.restore_params,
+                          caps=self.restore_caps,
+                          dst_params={k: current.get(k, "none") for k in plan.dst_globals})
+        if plan.src_caps:
+            qmp.command(self.dom, "migrate-set-capabilities", capabilities=[
+                {"capability": k, "state": v} for k, v in plan.src_caps.items()])
+        if plan.src_qmp:
+            try:
+                qmp.command(self.dom, "migrate-set-parameters", **plan.src_qmp)
+            except LibvirtError as e:
+                self._restore_source()
+                raise UsageError(f"the domain's QEMU refused {plan.src_qmp}: {e}") from None
+        if plan.src_qmp or plan.src_caps:
+            self.run.event("source passthrough set", parameters=plan.src_qmp,
+                           capabilities=plan.src_caps)
+
+    # -- phase 2 ------------------------------------------------------------------------
+    def migrate(self) -> None:
+        plan = self.run.plan
+        assert plan is not None
+        params = dict(plan.params)
+        if plan.dst_globals:
+            xml = self.dom.XMLDesc(self.libvirt.VIR_DOMAIN_XML_MIGRATABLE)
+            params[self.libvirt.VIR_MIGRATE_PARAM_DEST_XML] = with_globals(
+                xml, plan.dst_globals)
+        box: dict[str, BaseException] = {}
+        # the blocking call gets a connection of its own; polls and abort use the other
+        mig_conn = open_uri(self.opts.src_uri, "--connect")
+        mig_dom = lookup(mig_conn, self.opts.domain, self.opts.src_uri)
+        self._mig_conn = mig_conn
+
+        def body() -> None:
+            try:
+                mig_dom.migrateToURI3(self.opts.dst_uri, params, plan.flags)
+            except BaseException as e:  # handed to the main loop
+                box["error"] = e
+
+        self.progress.step(f"migrating {self.opts.domain}: {self.opts.src_uri} -> "
+                           f"{self.opts.dst_uri} ({', '.join(plan.flag_names())})")
+        shown = {k: (f"<domain XML + {plan.dst_globals}>" if k ==
+                     self.libvirt.VIR_MIGRATE_PARAM_DEST_XML else v)
+                 for k, v in params.items()}
+        self.run.event("migration started", flags=plan.flag_names(), params=shown)
+        self.run.t_migrate = time.time()
+        self._watch_iterations()
+        cpu0 = cpu_seconds(self.dom)
+        cpu_last = cpu0
+        thread = threading.Thread(target=body, name="libvirt-migrate", daemon=True)
+        self._thread = thread
+        with self._signals():
+            thread.start()
+            downtime_set = False
+            abort_until: float | None = None
+            last_abort = 0.0
+            while thread.is_alive():
+                thread.join(plan.poll_interval)
+                if not thread.is_alive():
+                    break
+                now = time.time()
+                if (abort_until is None and self.opts.max_time is not None
+                        and now - self.run.t_migrate > self.opts.max_time):
+                    self.stop_reason = f"--max-time {self.opts.max_time:g} s reached"
+                    self._stop.set()
+                if self._stop.is_set():
+                    if abort_until is None:
+                        abort_until = now + ABORT_WAIT_S
+                        self.progress.step(f"aborting: {self.stop_reason}; the source "
+                                           "keeps running")
+                        self.run.event("abort", reason=self.stop_reason)
+                    if now > abort_until:
+                        break
+                    if now - last_abort >= ABORT_RETRY_S:
+                        # again until it ends: an abort while libvirt is still
+                        # preparing the destination does not stop the migration
+                        last_abort = now
+                        self._abort_job()
+                    continue
+                stats = self._job_stats()
+                if stats is None:
+                    continue
+                if not downtime_set and plan.downtime_ms is not None:
+                    downtime_set = self._set_downtime(plan.downtime_ms, "--set downtime-limit")
+                cpu_last = cpu_seconds(self.dom) or cpu_last
+                self._tick(stats)
+        self.run.t_end = time.time()
+        if cpu0 is not None and cpu_last is not None:
+            self.run.cpu["source"] = round(cpu_last - cpu0, 3)
+        err = box.get("error")
+        if thread.is_alive():
+            self.run.result = Outcome("failed", f"libvirt did not end the migration "
+                                      f"within {ABORT_WAIT_S:g} s of the abort")
+        elif err is None:
+            self.run.result = Outcome("completed")
+        elif self.stop_reason is not None:
+            self.run.result = Outcome("aborted", self.stop_reason)
+        else:
+            self.run.result = Outcome("failed", message(err) if isinstance(
+                err, self.libvirt.libvirtError) else repr(err))
+        self.progress.close()
+
+    def _watch_iterations(self) -> None:
+        """QEMU's MIGRATION_PASS as libvirt's migration-iteration event: each round's
+        start goes to ``events`` as it happens (the polls only see its effect)."""
+        def on_iteration(_conn: Any, _dom: Any, iteration: int, _opaque: Any) -> None:
+            self.run.event("round", iteration=iteration)
+        try:
+            self._event_id = self.src_conn.domainEventRegisterAny(
+                self.dom, self.libvirt.VIR_DOMAIN_EVENT_ID_MIGRATION_ITERATION,
+                on_iteration, None)
+        except self.libvirt.libvirtError as e:
+            self.run.event("no iteration events", error=message(e))
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        def handler(signum: int, _frame: object) -> None:
+            self.stop_reason = f"interrupted ({signal.Signals(signum).name})"
+            self._stop.set()
+        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _abort_job(self) -> None:
+        try:
+            self.dom.abortJob()
+        except self.libvirt.libvirtError as e:
+            self.run.event("abortJob refused", error=message(e))
+
+    def _job_stats(self) -> dict[str, Any] | None:
+        try:
+            stats: dict[str, Any] = self.dom.jobStats(0)
+        except self.libvirt.libvirtError:
+            return None
+        if stats.get("type", 0) == self.libvirt.VIR_DOMAIN_JOB_NONE:
+            return None
+        return stats
+
+    def _tick(self, stats: dict[str, Any]) -> None:
+        assert self.run.t_migrate is not None
+        t = time.time() - self.run.t_migrate
+        snap = snapshot(t, stats, self.throttle_pct)
+        sample = sample_of(t, stats, snap)
+        self.run.timeline.append(sample)
+        self.progress.sample(t, sample)
+        actions: list[Action] = []
+        for p in self.policies:
+            actions += p.decide(snap)
+        for a in list(actions):
+            if isinstance(a, StrategyExhausted) and self.last_resort is not None:
+                actions += self.last_resort.react(a, snap)
+        renewed = False
+        for a in actions:
+            renewed |= self._apply(a)
+        if self.throttle_pct and not renewed:
+            self._throttle(self.throttle_pct)  # renew the lease
+
+    def _apply(self, a: Action) -> bool:
+        """Carry out one policy action; True when it set the throttle."""
+        self.run.event(f"action {type(a).__name__}", reason=a.reason)
+        if isinstance(a, SetThrottle):
+            self._throttle(a.percent)
+            return True
+        if isinstance(a, SetDowntimeLimit):
+            self._set_downtime(a.ms, a.reason)
+        elif isinstance(a, ForceSwitchover):
+            self.progress.step(a.reason)
+        elif isinstance(a, AbortMigration):
+            self.stop_reason = a.reason
+            self._stop.set()
+        elif isinstance(a, StartPostcopy):
+            self.progress.step(a.reason)
+            try:
+                self.dom.migrateStartPostCopy(0)
+            except self.libvirt.libvirtError as e:
+                self.run.event("action not applied", error=message(e))
+        elif isinstance(a, SetRamBandwidth):
+            with contextlib.suppress(self.libvirt.libvirtError):
+                self.dom.migrateSetMaxSpeed(max(1, a.bytes_per_s >> 20), 0)
+        return False
+
+    def _set_downtime(self, ms: int, why: str) -> bool:
+        try:
+            self.dom.migrateSetMaxDowntime(ms, 0)
+        except self.libvirt.libvirtError as e:
+            self.run.event("downtime not set", ms=ms, error=message(e))
+            return False
+        self.downtime_changed = True
+        self.run.event("downtime limit", ms=ms, reason=why)
+        return True
+
+    def _throttle(self, pct: int) -> None:
+        """The patched direct throttle (a lease: it lapses unless renewed)."""
+        plan = self.run.plan
+        assert plan is not None
+        try:
+            if plan.throttle_knob == "command":
+                if pct:
+                    qmp.command(self.dom, THROTTLE_COMMAND, percent=pct,
+                                **{"lease-ms": LEASE_MS})
+                else:
+                    qmp.command(self.dom, THROTTLE_CANCEL)
+            elif plan.throttle_knob == "parameter":
+                qmp.command(self.dom, "migrate-set-parameters",
+                            **{THROTTLE_PARAM: pct, LEASE_PARAM: LEASE_MS})
+            self.throttle_pct = pct
+        except LibvirtError as e:  # the migration may have ended since the last poll
+            self.run.event("throttle not set", percent=pct, error=str(e))
+
+    # -- phase 3 ------------------------------------------------------------------------
+    def finish(self) -> None:
+        try:
+            if self.run.result.outcome == "completed":
+                self._finish_completed()
+            else:
+                self._finish_source_kept()
+        except (self.libvirt.libvirtError, LivemigError) as e:
+            # the outcome stands (libvirt decided it); what could not be checked is said
+            err = message(e) if isinstance(e, self.libvirt.libvirtError) else str(e)
+            self.run.event("after the migration", error=err)
+            self.progress.step(f"after the migration: {err}")
+        else:
+            journal.remove(self.opts.domain)
+
+    def _finish_completed(self) -> None:
+        o = self.opts
+        plan = self.run.plan
+        assert plan is not None
+        dst = lookup(self.dst_conn, o.domain, o.dst_uri)
+        with contextlib.suppress(self.libvirt.libvirtError):
+            self.run.completed_stats = dict(dst.jobStats(
+                self.libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED))
+        if plan.flags & PAUSED:
+            self.run.disk_check = compare_copied_disks(
+                o.src_uri, o.dst_uri, self.disks, o.disk_fault, self.run.event)
+            if self.run.disk_check.get("result") == "mismatch":
+                self.progress.step(f"disk mismatch: the destination stays paused (virsh "
+                                   f"-c {o.dst_uri} resume {o.domain} runs it anyway)")
+            else:
+                dst.resume()
+                self.run.event("destination resumed")
+        if plan.dst_globals:  # the destination QEMU's own settings back as they were
+            restore = {k: self.restore_params.get(k, "none") for k in plan.dst_globals}
+            try:
+                qmp.command(dst, "migrate-set-parameters", **restore)
+            except LibvirtError as e:
+                self.run.event("destination parameters not restored", error=str(e))
+        self.run.cpu["destination"] = cpu_seconds(dst)
+        state, _ = dst.state()
+        self.run.destination = {"running": state == self.libvirt.VIR_DOMAIN_RUNNING,
+                                "persistent": bool(dst.isPersistent())}
+        still = find(self.src_conn, o.domain)
+        self.run.destination["gone_from_source"] = still is None
+        self.progress.step(f"{o.domain} runs on {o.dst_uri}")
+
+    def _finish_source_kept(self) -> None:
+        try:
+            self._restore_source()
+            state, _ = self.dom.state()
+            if state == self.libvirt.VIR_DOMAIN_PAUSED:
+                # libvirt resumes the source after a failed migration; make sure
+                self.dom.resume()
+                self.run.event("source resumed")
+                state, _ = self.dom.state()
+            self.run.source_after = {
+                "status": "running" if state == self.libvirt.VIR_DOMAIN_RUNNING
+                else f"state {state}",
+                "restored": {"parameters": self.restore_params,
+                             "capabilities": self.restore_caps,
+                             "downtime_ms": self.orig_downtime if self.downtime_changed
+                             else None}}
+        except (self.libvirt.libvirtError, LivemigError) as e:
+            err = message(e) if isinstance(e, self.libvirt.libvirtError) else str(e)
+            self.run.source_after = {"status": "unknown", "error": err}
+
+    def _restore_source(self) -> None:
+        """Undo livemig's own settings on a source that keeps running."""
+        if self.throttle_pct:
+            self._throttle(0)
+        if self.restore_params:
+            qmp.command(self.dom, "migrate-set-parameters", **self.restore_params)
+        if self.restore_caps:
+            qmp.command(self.dom, "migrate-set-capabilities", capabilities=[
+                {"capability": k, "state": v} for k, v in self.restore_caps.items()])
+        if self.downtime_changed and self.orig_downtime is not None:
+            with contextlib.suppress(self.libvirt.libvirtError):
+                if int(self.dom.migrateGetMaxDowntime(0)) != self.orig_downtime:
+                    self.dom.migrateSetMaxDowntime(self.orig_downtime, 0)
+        self.run.event("source settings restored")
+
+    def cleanup(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return  # a call still runs on these connections: leave them to the exit
+        if self._event_id is not None:
+            with contextlib.suppress(Exception):
+                self.src_conn.domainEventDeregisterAny(self._event_id)
+        for c in (self._mig_conn, self.src_conn, self.dst_conn):
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    c.close()
+
+
+def run_domain_migration(opts: DomainOptions, progress: Progress,
+                         on_prepared: Callable[[DomainMigration], None] | None = None
+                         ) -> DomainRun:
+    m = DomainMigration(opts, progress)
+    libvirt = libvirt_module()
+    try:
+        m.prepare()
+        if on_prepared:
+            on_prepared(m)
+        m.migrate()
+        m.finish()
+    except libvirt.libvirtError as e:  # before the migration started: one line
+        if m.run.t_migrate is None and m.dom is not None:
+            with contextlib.suppress(Exception):
+                m._restore_source()
+                journal.remove(opts.domain)
+        raise LibvirtError(message(e)) from None
+    except BaseException:
+        # a failure before the migration started: undo what prepare() set
+        if m.run.t_migrate is None and m.dom is not None:
+            with contextlib.suppress(Exception):
+                m._restore_source()
+                journal.remove(opts.domain)
+        raise
+    finally:
+        m.cleanup()
+    return m.run

@@ -1,0 +1,46 @@
+"""libvirt's job statistics (``virDomainGetJobStats``) read once per poll: a
+policy snapshot and a timeline sample with the names a lab run uses (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from livemig.policy.base import Snapshot
+
+
+def snapshot(t: float, stats: dict[str, Any], throttle_pct: int) -> Snapshot:
+    """A policy snapshot from libvirt's job statistics."""
+    page = int(stats.get("memory_page_size") or 4096)
+    return Snapshot(
+        t=t,
+        rounds=int(stats.get("memory_iteration") or 0),
+        remaining=int(stats.get("memory_remaining") or 0),
+        dirty_rate=float(stats.get("memory_dirty_rate") or 0) * page,
+        bandwidth=float(stats.get("memory_bps") or 0),
+        throttle_pct=throttle_pct or int(stats.get("auto_converge_throttle") or 0),
+        ram_total=int(stats.get("memory_total") or 0),
+        disk_remaining=_opt_int(stats.get("disk_remaining")),
+        disk_total=_opt_int(stats.get("disk_total")),
+    )
+
+
+def sample_of(t: float, stats: dict[str, Any], s: Snapshot) -> dict[str, Any]:
+    """One timeline entry (the same names as a lab run's, for the progress line)."""
+    disk_left = s.disk_remaining or 0
+    if not s.ram_total and not s.disk_total:
+        status = "setup"  # libvirt is still preparing the destination
+    elif disk_left > 0 and not stats.get("memory_processed"):
+        status = "disk"
+    else:
+        status = "active"
+    return {"t": round(t, 3), "status": status,
+            "rounds": s.rounds, "remaining": s.remaining, "dirty_rate": s.dirty_rate,
+            "bandwidth": s.bandwidth, "throttle_pct": s.throttle_pct,
+            "remaining_disk": disk_left,
+            "transferred": int(stats.get("memory_processed") or 0),
+            "disk_transferred": int(stats.get("disk_processed") or 0),
+            "eta_s": (s.remaining / s.bandwidth) if s.bandwidth else None}
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)

@@ -1,0 +1,159 @@
+"""livemig's profiles turned into libvirt flags, typed parameters and passthrough
+(pure logic: no libvirt, no QEMU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from livemig.errors import UsageError
+from livemig.settings import merge
+from livemig.virt import plan as P
+from livemig.virt.stats import sample_of, snapshot
+
+STOCK_CAPS = frozenset({"xbzrle", "auto-converge", "events", "postcopy-ram", "multifd",
+                        "return-path", "pause-before-switchover", "zero-copy-send"})
+STOCK_PARAMS = {"multifd-channels": 2, "multifd-compression": "none",
+                "multifd-zstd-level": 1, "downtime-limit": 300, "max-bandwidth": 0,
+                "xbzrle-cache-size": 64 << 20, "cpu-throttle-initial": 20,
+                "cpu-throttle-increment": 10, "throttle-trigger-threshold": 50,
+                "tls-creds": ""}
+STOCK = P.QemuInfo(STOCK_CAPS, STOCK_PARAMS, frozenset({"migrate", "query-migrate"}))
+PATCHED = P.QemuInfo(STOCK_CAPS, {**STOCK_PARAMS, "cpu-throttle-direct": 0,
+                                  "cpu-throttle-lease-ms": 1000,
+                                  "multifd-lz4-acceleration": 1},
+                     frozenset({"migrate"}))
+PATCHED_CMD = P.QemuInfo(STOCK_CAPS, PATCHED.parameters,
+                         frozenset({"set-cpu-throttle", "cancel-cpu-throttle"}))
+
+
+def plan_for(profile: str, sets: dict[str, str] | None = None, qemu: P.QemuInfo = STOCK,
+             **req: object) -> P.Plan:
+    sets = sets or {}
+    return P.make_plan(merge(profile, sets), frozenset(sets), qemu, P.Request(**req))
+
+
+def test_every_run_is_live_peer_to_peer_and_moves_the_definition() -> None:
+    p = plan_for("defaults")
+    assert {"live", "peer2peer", "persist_dest", "undefine_source",
+            "abort_on_error"} <= set(p.flag_names())
+    assert p.params == {} and p.src_qmp == {} and p.dst_globals == {}
+
+
+def test_upstream_profile_multifd_zstd_goes_by_passthrough_and_dest_global() -> None:
+    p = plan_for("upstream")
+    assert p.flags & P.PARALLEL and p.flags & P.AUTO_CONVERGE
+    assert p.params == {P.P_PARALLEL: 2}
+    assert p.src_qmp == {"multifd-compression": "zstd", "multifd-zstd-level": 1}
+    assert p.dst_globals == {"multifd-compression": "zstd"}
+
+
+def test_xbzrle_profile_uses_libvirt_compression() -> None:
+    p = plan_for("upstream-xbzrle")
+    assert p.flags & P.COMPRESSED and not p.flags & P.PARALLEL
+    assert p.params == {P.P_COMPRESSION: "xbzrle", P.P_XBZRLE_CACHE: 256 << 20}
+
+
+def test_multifd_and_xbzrle_together_are_refused() -> None:
+    with pytest.raises(UsageError, match="exclude"):
+        plan_for("defaults", {"xbzrle": "on", "multifd": "on"})
+
+
+def test_livemig_profile_on_stock_qemu_falls_back_to_auto_converge() -> None:
+    p = plan_for("livemig")
+    assert p.throttle == "auto-converge" and p.flags & P.AUTO_CONVERGE
+    assert p.throttle_knob is None
+    assert any("auto-converge instead" in n for n in p.notes)
+    assert any("encoding=auto" in n for n in p.notes)
+    assert p.downtime_ramp and p.max_downtime == 1000
+
+
+@pytest.mark.parametrize("qemu,knob", [(PATCHED, "parameter"), (PATCHED_CMD, "command")])
+def test_livemig_profile_on_patched_qemu_uses_the_direct_throttle(
+        qemu: P.QemuInfo, knob: str) -> None:
+    p = plan_for("livemig", qemu=qemu)
+    assert p.throttle == "reference" and p.throttle_knob == knob
+    assert not p.flags & P.AUTO_CONVERGE
+
+
+def test_lz4_needs_the_patched_build() -> None:
+    with pytest.raises(UsageError, match="patched"):
+        plan_for("defaults", {"encoding": "lz4"})
+    p = plan_for("defaults", {"encoding": "lz4"}, qemu=PATCHED)
+    assert p.flags & P.PARALLEL and p.dst_globals == {"multifd-compression": "lz4"}
+
+
+def test_bandwidth_downtime_and_auto_converge_parameters() -> None:
+    p = plan_for("defaults", {"downtime-limit": "50", "cpu-throttle-initial": "30",
+                              "auto-converge": "on", "max-bandwidth": "10M"},
+                 bandwidth=3 * (1 << 20) + 1)
+    assert p.downtime_ms == 50
+    assert p.params[P.P_AC_INITIAL] == 30
+    assert p.params[P.P_BANDWIDTH] == 4  # MiB/s, rounded up; --bandwidth wins
+    assert p.flags & P.AUTO_CONVERGE
+
+
+def test_libvirt_owned_and_unknown_settings_are_refused() -> None:
+    with pytest.raises(UsageError, match="libvirt decides"):
+        plan_for("defaults", {"return-path": "on"})
+    with pytest.raises(UsageError, match="libvirt decides"):
+        plan_for("defaults", {"tls-creds": "x"})
+    with pytest.raises(UsageError, match="unknown setting"):
+        plan_for("defaults", {"no-such-knob": "1"})
+
+
+def test_stock_parameters_libvirt_lacks_go_to_the_source_by_passthrough() -> None:
+    p = plan_for("defaults", {"throttle-trigger-threshold": "60"})
+    assert p.src_qmp == {"throttle-trigger-threshold": 60} and p.dst_globals == {}
+
+
+def test_storage_copy_verify_holds_the_destination_paused() -> None:
+    p = plan_for("defaults", storage="copy", disks=("vda",))
+    assert p.flags & P.NON_SHARED_DISK and p.flags & P.PAUSED
+    assert p.params[P.P_MIGRATE_DISKS] == ["vda"]
+    shared = plan_for("defaults", unsafe=True)
+    assert shared.flags & P.UNSAFE and not shared.flags & P.PAUSED
+
+
+def test_on_stall_postcopy_sets_the_postcopy_flag_and_its_bandwidth() -> None:
+    p = plan_for("defaults", {"on-stall": "postcopy"}, bandwidth=8 << 20)
+    assert p.flags & P.POSTCOPY
+    assert p.params[P.P_BANDWIDTH_POSTCOPY] == 8 and p.params[P.P_BANDWIDTH] == 8
+
+
+def test_destination_xml_gets_migration_globals() -> None:
+    xml = "<domain type='qemu'>\n  <name>x</name>\n</domain>\n"
+    out = P.with_globals(xml, {"multifd-compression": "zstd"})
+    assert "xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'" in out
+    assert "<qemu:arg value='migration.multifd-compression=zstd'/>" in out
+    assert out.rstrip().endswith("</domain>")
+    ns = ("<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>"
+          "<qemu:commandline><qemu:arg value='-L'/></qemu:commandline></domain>")
+    out2 = P.with_globals(ns, {"multifd-compression": "zstd"})
+    assert out2.count("<qemu:commandline>") == 1 and out2.count("xmlns:qemu") == 1
+    assert P.with_globals(xml, {}) == xml
+
+
+def test_flag_values_match_the_binding() -> None:
+    libvirt = pytest.importorskip("libvirt")
+    for value, name in P.FLAG_NAMES.items():
+        assert getattr(libvirt, f"VIR_MIGRATE_{name.upper()}") == value
+    for ours, theirs in ((P.P_BANDWIDTH, "BANDWIDTH"), (P.P_COMPRESSION, "COMPRESSION"),
+                         (P.P_XBZRLE_CACHE, "COMPRESSION_XBZRLE_CACHE"),
+                         (P.P_PARALLEL, "PARALLEL_CONNECTIONS"),
+                         (P.P_AC_INITIAL, "AUTO_CONVERGE_INITIAL"),
+                         (P.P_AC_INCREMENT, "AUTO_CONVERGE_INCREMENT"),
+                         (P.P_MIGRATE_DISKS, "MIGRATE_DISKS"), (P.P_URI, "URI"),
+                         (P.P_BANDWIDTH_POSTCOPY, "BANDWIDTH_POSTCOPY")):
+        assert getattr(libvirt, f"VIR_MIGRATE_PARAM_{theirs}") == ours
+
+
+def test_job_stats_become_a_policy_snapshot_and_a_sample() -> None:
+    stats = {"type": 2, "memory_total": 256 << 20, "memory_remaining": 100 << 20,
+             "memory_processed": 50 << 20, "memory_dirty_rate": 1000,
+             "memory_page_size": 4096, "memory_bps": 5 << 20, "memory_iteration": 3,
+             "disk_total": 0, "disk_remaining": 0, "disk_processed": 0}
+    s = snapshot(2.0, stats, throttle_pct=0)
+    assert s.rounds == 3 and s.remaining == 100 << 20 and s.dirty_rate == 4096000
+    sample = sample_of(2.0, stats, s)
+    assert sample["status"] == "active" and sample["eta_s"] == pytest.approx(20.0)
+    assert sample_of(0.1, {"type": 2}, snapshot(0.1, {"type": 2}, 0))["status"] == "setup"
