@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 DEMO_ARGS ?= --memory 1G --workload mem:size=384M,rate=96M,hot=90/10 --bandwidth 128M \
              --max-time 240 --report reports/demo.json
 
-.PHONY: help setup deps venv qemu qemu-upstream guest demo test lint unit qtest clean
+.PHONY: help setup deps venv qemu qemu-upstream guest rootfs demo test lint unit qtest clean
 
 help:
 	@echo "make demo    migrate a busy VM with live progress, verify it, write reports/demo.json"
@@ -42,7 +42,12 @@ qemu-upstream:
 guest:
 	@bash guest/build.sh
 
-setup: deps venv qemu qemu-upstream guest
+# the service guests' Debian root filesystems (pgbench:, redis: workloads)
+rootfs: guest
+	@bash guest/rootfs/build.sh redis
+	@bash guest/rootfs/build.sh --param scale=20 postgres
+
+setup: deps venv qemu qemu-upstream guest rootfs
 	@echo "== setup done: $$(command -v livemig)"
 
 demo: setup

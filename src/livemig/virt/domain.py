@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
+from livemig.lab.vm import AGENT_PORT_NAME
 from livemig.paths import FIRMWARE_DIRS
 from livemig.testbed import topology
-from livemig.vm import AGENT_PORT_NAME
 
 
 def lab_domain_xml(name: str, emulator: Path, kernel: Path, initrd: Path, disk: str,

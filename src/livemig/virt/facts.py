@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import Any
 
-from livemig.diskcheck import compare_images
-from livemig.faults import flip_byte
+from livemig.lab.diskcheck import compare_images
+from livemig.lab.faults import flip_byte
 
 
 def writable_disks(xml: str) -> dict[str, str]:
