@@ -50,7 +50,8 @@ def register(sub: Any) -> None:
     u.add_argument("--to-qemu", type=Path, metavar="BIN", required=True,
                    help="the QEMU binary to upgrade to")
     u.add_argument("--mode", choices=MODES, default="auto",
-                   help="auto (cpr-transfer), cpr-transfer or cpr-exec")
+                   help="auto (cpr-transfer), cpr-transfer or cpr-exec; for comparison: "
+                   "migrate (local live migration) or save-restore (stop, save, restore)")
     u.add_argument("--fallback", choices=["migrate"], help="if CPR refuses the VM: a local "
                    "live migration to the new binary instead")
     u.add_argument("--memory", help="lab: guest RAM (default 1G)")

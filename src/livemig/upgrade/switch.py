@@ -48,8 +48,9 @@ from livemig.upgrade import procfs, timing
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
-MODES = ("auto", "cpr-transfer", "cpr-exec")
-SWITCH_TIMEOUT_S = 60.0  # migrate issued -> the new QEMU runs the guest
+MODES = ("auto", "cpr-transfer", "cpr-exec", "migrate", "save-restore")
+BASELINES = ("migrate", "save-restore")  # for comparison: no CPR involved
+SWITCH_TIMEOUT_S = 120.0 # migrate issued -> the new QEMU runs the guest
 START_TIMEOUT_S = 30.0  # the new QEMU listens on its cpr channel / QMP socket
 OLD_EXIT_TIMEOUT_S = 10.0
 POLL_S = 0.002
@@ -156,6 +157,8 @@ class Upgrade:
         mig = (await self.old.cmd("query-migrate")).get("status", "none")
         if mig not in ("none", "completed", "failed", "cancelled"):
             raise UsageError(f"{self.old.socket_path}: a migration is already {mig}")
+        if self.req.mode in BASELINES:
+            return self.req.mode, None
         why: str | None = None
         try:
             argvmod.tap_netdevs(self.old_argv)
@@ -185,6 +188,8 @@ class Upgrade:
         try:
             if mode == "cpr-exec":
                 res = await self._cpr_exec()
+            elif mode == "save-restore":
+                res = await self._save_restore()
             else:
                 res = await self._beside(mode)
         finally:
@@ -313,7 +318,8 @@ class Upgrade:
                               f"{START_TIMEOUT_S:.0f}s")
             await asyncio.sleep(POLL_S)
 
-    async def _wait_source_done(self, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    async def _wait_source_done(self, proc: subprocess.Popen[bytes] | None
+                                ) -> dict[str, Any]:
         deadline = time.monotonic() + SWITCH_TIMEOUT_S
         while True:
             info = await self.old.cmd("query-migrate")
@@ -323,7 +329,7 @@ class Upgrade:
             if st in ("failed", "cancelled"):
                 raise VMError(f"the old QEMU's migration {st}: "
                               f"{info.get('error-desc', 'no reason given')}")
-            if proc.poll() is not None:
+            if proc is not None and proc.poll() is not None:
                 raise VMError(f"the new QEMU exited: {_tail(self.work / 'new.log')}")
             if time.monotonic() > deadline:
                 raise VMError(f"the switch did not finish within {SWITCH_TIMEOUT_S:.0f}s")
@@ -405,9 +411,12 @@ class Upgrade:
                 self.events.say(f"upgrade failed: the old QEMU resumed the guest (was {st})")
         self.events.event("upgrade rolled back", reason=res.reason)
 
-    async def _quit_old(self, new_pid: int) -> bool:
+    async def _quit_old(self, new_pid: int | None) -> bool:
         """Tell the old QEMU to quit; keep the sockets the new one now serves."""
-        shared = procfs.listening_unix_paths(new_pid) & procfs.listening_unix_paths(self.pid)
+        shared: set[str] = set()
+        if new_pid is not None:
+            shared = procfs.listening_unix_paths(new_pid) & procfs.listening_unix_paths(
+                self.pid)
         moved: list[tuple[str, str]] = []
         for p in sorted(shared):
             aside = f"{p}.livemig-upgrade"
@@ -428,6 +437,66 @@ class Upgrade:
         gone = not procfs.alive(self.pid)
         self.events.event("old qemu quit", pid=self.pid, exited=gone, sockets_kept=len(moved))
         return gone
+
+    # -- save to a file, quit, restore: the baseline CPR replaces --------------------
+    async def _save_restore(self) -> Result:
+        """``stop``, all of RAM and the device state to a file, the old QEMU quits, the
+        new one loads the file and the guest runs again (what ``virsh save`` +
+        ``virsh restore`` do). The open tap is held by livemig in between."""
+        state = self.work / "vm.state"
+        trace_log = self.work / "new-trace.log"
+        for p in (state, trace_log):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        fds = self._grab_taps()
+        argv = procfs.netns_prefix(self.pid) + argvmod.new_argv(
+            self.old_argv, str(self.req.to_qemu), ["-incoming", f"file:{state}"], fds,
+            timing.trace_args(trace_log))
+        res = Result(outcome="failed", mode="save-restore", old_pid=self.pid, new_argv=argv)
+        await self._set_events(True)
+        res.t_issue = time.time()
+        try:
+            await self.old.cmd("stop")
+            await self.old.cmd("migrate", uri=f"file:{state}")
+            res.final_stats = await self._wait_source_done(None)
+        except LivemigError as e:
+            res.reason = str(e)
+            with contextlib.suppress(LivemigError):
+                await self.old.cmd("cont")
+            return res
+        old_ev = timing.event_times(await self._drain_events(self.old))
+        res.old_exited = await self._quit_old(None)
+        logf = open(self.work / "new.log", "wb")  # noqa: SIM115 - handed to the child
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    pass_fds=list(fds.values()))
+        finally:
+            logf.close()
+        res.new_proc, res.new_pid = proc, proc.pid
+        if self.watch is not None:
+            self._tasks.append(asyncio.create_task(self.watch(proc.pid)))
+        try:
+            new = await self._connect_new(proc)
+            res.new_endpoint = new
+            deadline = time.monotonic() + SWITCH_TIMEOUT_S
+            while (await new.cmd("query-migrate")).get("status") != "completed":
+                if time.monotonic() > deadline:
+                    raise VMError("the new QEMU did not load the saved state")
+                await asyncio.sleep(POLL_S)
+            await new.cmd("cont")
+            res.t_running = await self._wait_running(new, proc)
+        except LivemigError as e:
+            res.reason = f"{e} (the old QEMU has quit: the guest is only in {state})"
+            return res
+        new_tr = timing.parse_trace(_read(trace_log))
+        res.breakdown = timing.breakdown(res.t_issue, old_ev, new_tr).as_dict()
+        res.downtime_ms = res.final_stats.get("downtime")
+        res.total_ms = res.final_stats.get("total-time")
+        res.outcome = "completed"
+        with contextlib.suppress(FileNotFoundError):
+            state.unlink()
+        return res
 
     # -- cpr-exec: the old process becomes the new one -------------------------------
     async def _cpr_exec(self) -> Result:
