@@ -34,7 +34,7 @@ def qemu_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return b
 
 
-def upgrade(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[int, dict, str]:
+def upgrade(tmp_path: Path, *args: str, timeout: float = 1200) -> tuple[int, dict, str]:
     report = tmp_path / "report.json"
     proc = subprocess.run(livemig_cmd("upgrade", "--quiet", "--report", str(report), *args),
                           capture_output=True, text=True, timeout=timeout)
@@ -66,11 +66,11 @@ def assert_upgraded(rep: dict, mode: str) -> None:
     assert after["answered_by"] == "new qemu" and after["replies"] > 20
     assert rep["network"]["network_pause_ms"] is not None
     # the guest's agent keeps talking through the new QEMU
-    assert up["counters"]["agent_after"] is True
+    assert up["counters"]["agent_after"] > 10  # heartbeats after the switch
 
 
 def test_upgrade_idle_guest_cpr_transfer(tmp_path, qemu_b):
-    rc, rep, _ = lab(tmp_path, qemu_b, "idle")
+    rc, rep, _ = lab(tmp_path, qemu_b, "idle+verify:mem=32M")
     assert rc == 0
     assert_upgraded(rep, "cpr-transfer")
     assert rep["ram_transferred_bytes"] < 1 << 20  # handed over, not copied
@@ -97,7 +97,7 @@ def test_upgrade_busy_guest_cpr_exec(tmp_path, qemu_b):
 
 
 def test_lab_refusal_and_fallback_migrate(tmp_path, qemu_b):
-    rc, rep, err = lab(tmp_path, qemu_b, "idle", "--no-aux-ram-share")
+    rc, rep, err = lab(tmp_path, qemu_b, "idle", "--no-aux-ram-share", "--link", "local")
     assert rc == 2
     lines = [ln for ln in err.strip().splitlines() if ln.startswith("livemig:")]
     assert len(lines) == 1 and "aux-ram-share=on" in lines[0], err

@@ -21,13 +21,14 @@ LOADS = {"idle": "idle+verify:mem=32M",
 FIELDS = ("guest_pause_ms", "network_pause_ms", "downtime_ms", "qemu_pause_ms")
 
 
-def one(mode: str, size: str, load: str, from_qemu: str, to_qemu: str) -> dict[str, Any]:
+def one(mode: str, size: str, load: str, from_qemu: str, to_qemu: str,
+        link: str = "testbed") -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         rep = Path(d) / "r.json"
         cmd = [sys.executable, "-m", "livemig.cli", "upgrade", "--quiet", "--accel", "tcg",
                "--from-qemu", from_qemu, "--to-qemu", to_qemu, "--mode", mode,
                "--memory", size, "--workload", LOADS[load], "--settle", "2",
-               "--report", str(rep)]
+               "--link", link, "--report", str(rep)]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if not rep.exists():
             return {"outcome": "failed", "reason": p.stderr.strip()[-300:]}
@@ -67,6 +68,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--from-qemu", required=True)
     p.add_argument("--to-qemu", required=True)
+    p.add_argument("--link", default="testbed", choices=["testbed", "local"],
+                   help="local: no testbed (no client probes, no queueing for it)")
     p.add_argument("--out", type=Path, required=True, help="JSON with every run")
     a = p.parse_args()
     results: dict[str, list[dict[str, Any]]] = {}
@@ -78,7 +81,7 @@ def main() -> int:
                 key = f"{mode}/{size}/{load}"
                 runs = results.setdefault(key, [])
                 while len(runs) < a.repeats:
-                    runs.append(one(mode, size, load, a.from_qemu, a.to_qemu))
+                    runs.append(one(mode, size, load, a.from_qemu, a.to_qemu, a.link))
                     print(key, json.dumps(runs[-1]), flush=True)
                     a.out.write_text(json.dumps(results, indent=1))
     print(table(results))

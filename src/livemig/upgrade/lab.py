@@ -75,8 +75,7 @@ class UpgradeLab(LabRun):
                 self._adopt(res)
                 await self._sleep(self.settle_s, interruptible=False)
                 self.counters = {"work_before": before, "work_after": self._last_work(),
-                                 "agent_after": self.dst_agent is not None
-                                 and bool(self.dst_agent.rates)}
+                                 "agent_after": self._beats_after(res.t_running)}
                 self._answered(res)
                 self.progress.step(
                     f"upgraded ({res.mode}): QEMU downtime {res.downtime_ms} ms, "
@@ -162,6 +161,12 @@ class UpgradeLab(LabRun):
         self.dst = vm
         if vm.pid is not None:
             self.state.add_qemu("dst", vm.pid)
+
+    def _beats_after(self, t: float | None) -> int:
+        """Heartbeats that came through the new QEMU's agent channel after the switch."""
+        if self.dst_agent is None or t is None:
+            return 0
+        return sum(1 for b in self.dst_agent.heartbeats if b > t)
 
     def _last_work(self) -> int | None:
         rates = [r for a in (self.src_agent, self.dst_agent) if a for r in a.rates]

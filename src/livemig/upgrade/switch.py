@@ -346,16 +346,7 @@ class Upgrade:
                 raise VMError(f"the new QEMU did not serve {path} within "
                               f"{START_TIMEOUT_S:.0f}s")
             await asyncio.sleep(POLL_S)
-        while True:  # a connection refused or cut while it starts up: try again
-            new = Endpoint("new", path, pid=proc.pid, alive=lambda: proc.poll() is None)
-            try:
-                await new.connect(START_TIMEOUT_S)
-                return new
-            except VMError:
-                await new.close()
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.01)
+        return await _connect_retry(path, proc.pid, lambda: proc.poll() is None, deadline)
 
     async def _wait_running(self, new: Endpoint, proc: subprocess.Popen[bytes] | None
                             ) -> float:
@@ -540,10 +531,10 @@ class Upgrade:
             return res
         events = await self._drain_events(self.old)
         await self.old.close()
-        new = Endpoint("new", self.old.socket_path, pid=self.pid,
-                       alive=lambda: procfs.alive(self.pid))
         try:
-            await new.connect(START_TIMEOUT_S)
+            new = await _connect_retry(self.old.socket_path, self.pid,
+                                       lambda: procfs.alive(self.pid),
+                                       time.monotonic() + START_TIMEOUT_S)
             res.new_endpoint = new
             res.t_running = await self._wait_running(new, None)
         except LivemigError as e:
@@ -606,6 +597,22 @@ class Upgrade:
         if end.qmp is None:
             return []
         return [dict(ev) for ev in end.qmp.events.history]
+
+
+async def _connect_retry(path: Path, pid: int, alive: Callable[[], bool],
+                         deadline: float) -> Endpoint:
+    """QMP of a QEMU that is starting: a connection refused, or cut while the old
+    image goes (cpr-exec), means "not yet"."""
+    while True:
+        new = Endpoint("new", path, pid=pid, alive=alive)
+        try:
+            await new.connect(max(1.0, deadline - time.monotonic()))
+            return new
+        except VMError:
+            await new.close()
+            if not alive() or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.01)
 
 
 def _which_fd(t: argvmod.TapNetdev, open_taps: dict[str, tuple[int, bool]]) -> int | None:
