@@ -79,3 +79,5 @@ def test_trace_and_events_fold_into_a_breakdown():
     assert b.paused_ms == 11.0
     assert b.new_started_s == 0.5
     assert timing.breakdown(base, {}, {}).as_dict()["qemu_pause_ms"] is None
+    lost = timing.breakdown(base - 0.05, {}, new).as_dict()  # STOP lost at exec
+    assert lost["stop_event_seen"] is False and lost["qemu_pause_ms"] == 151.0

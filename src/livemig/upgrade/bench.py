@@ -40,6 +40,7 @@ def one(mode: str, size: str, load: str, from_qemu: str, to_qemu: str,
             "downtime_ms": r.get("downtime_ms"), "qemu_pause_ms": pb.get("qemu_pause_ms"),
             "breakdown": {k: v for k, v in pb.items() if k.endswith("_ms")
                           and not isinstance(v, list)},
+            "heartbeat_gaps_top": pb.get("heartbeat_gaps_top"),
             "total_time_s": r.get("total_time_s")}
 
 

@@ -209,6 +209,17 @@ class UpgradeLab(LabRun):
         out["heartbeat_gaps_top"] = [{"ms": round(g * 1e3, 1),
                                       "at_ms_after_migrate": round((a - t) * 1e3, 1)}
                                      for g, a in gaps]
+        res = self.result
+        stop_ms = res.breakdown.get("stop_ms") if res is not None else None
+        if stop_ms is not None:  # the guest-visible pause around QEMU's own
+            t_stop = t + stop_ms / 1e3
+            before = [b for b in window if b <= t_stop]
+            if before:
+                out["last_beat_before_stop_ms"] = round((t_stop - before[-1]) * 1e3, 1)
+        if res is not None and res.t_running is not None:
+            after = [b for b in window if b > res.t_running]
+            if after:
+                out["first_beat_after_resume_ms"] = round((after[0] - res.t_running) * 1e3, 1)
         if self.prober is not None:
             ng = self.prober.stats.longest_gap(t - 1.0, self.t_end or time.time())
             if ng is not None:

@@ -84,7 +84,7 @@ class Result:
     downtime_ms: float | None = None  # QEMU's own figure (the old QEMU's)
     total_ms: float | None = None
     final_stats: dict[str, Any] = field(default_factory=dict)
-    breakdown: dict[str, float | None] = field(default_factory=dict)
+    breakdown: dict[str, float | bool | None] = field(default_factory=dict)
     new_endpoint: Endpoint | None = None
     new_proc: subprocess.Popen[bytes] | None = None
     new_argv: list[str] = field(default_factory=list)

@@ -73,9 +73,11 @@ class Breakdown:
     resume_ms: float | None  # loaded -> guest running in the new QEMU
     paused_ms: float | None  # old stopped -> new running: the QEMU-side pause
     new_started_s: float | None  # the new QEMU's CPR/incoming set-up, before the pause
+    stop_seen: bool = True  # False: no STOP event (lost at exec), pause from ``migrate``
 
-    def as_dict(self) -> dict[str, float | None]:
-        return {"stop_ms": self.stop_ms, "state_transfer_ms": self.state_ms,
+    def as_dict(self) -> dict[str, float | bool | None]:
+        return {"stop_event_seen": self.stop_seen, "stop_ms": self.stop_ms,
+                "state_transfer_ms": self.state_ms,
                 "device_load_ms": self.load_ms, "resume_ms": self.resume_ms,
                 "qemu_pause_ms": self.paused_ms, "new_qemu_setup_s": self.new_started_s}
 
@@ -95,4 +97,5 @@ def breakdown(t_issue: float, old: Mapping[str, float], new: Mapping[str, float]
         setup = round(new["cpr_state_load"] - t_new_started, 3)
     return Breakdown(stop_ms=_ms(t_issue, stop), state_ms=_ms(stop, done),
                      load_ms=_ms(done, loaded), resume_ms=_ms(loaded, running),
-                     paused_ms=_ms(stop, running), new_started_s=setup)
+                     paused_ms=_ms(t_issue if stop is None else stop, running),
+                     new_started_s=setup, stop_seen=stop is not None)
