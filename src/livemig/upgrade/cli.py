@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 import uuid
 from pathlib import Path
@@ -71,6 +72,10 @@ def register(sub: Any) -> None:
 
 
 def cmd_upgrade(a: argparse.Namespace) -> int:
+    if not getattr(a, "verbose", 0):
+        # qemu.qmp logs the connections that are expected to fail while the new QEMU
+        # starts (or the old image execs) as errors; livemig reports what matters
+        logging.getLogger("qemu.qmp").setLevel(logging.CRITICAL)
     if a.report is not None and a.report.is_dir():
         raise UsageError(f"--report {a.report} is a directory")
     paths.require_file(a.to_qemu, "--to-qemu", "pass an existing QEMU binary")
