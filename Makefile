@@ -42,7 +42,7 @@ qemu-upstream:
 guest:
 	@bash guest/build.sh
 
-setup: deps venv qemu guest
+setup: deps venv qemu qemu-upstream guest
 	@echo "== setup done: $$(command -v livemig)"
 
 demo: setup

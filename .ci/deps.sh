@@ -3,7 +3,7 @@
 # image's build dependencies are installed by their own scripts). Idempotent.
 set -euo pipefail
 want=(python3-venv iproute2 iputils-ping zstd seabios ipxe-qemu qemu-system-data
-      busybox-static cpio gzip kmod util-linux)
+      busybox-static cpio gzip kmod util-linux mmdebstrap e2fsprogs)
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -15,3 +15,5 @@ if ((${#missing[@]})); then
 else
     echo "== apt: packages present"
 fi
+# pgbench for the client host (service guests), without a PostgreSQL server here
+bash "$(dirname "$0")/../scripts/client-tools.sh" > /dev/null

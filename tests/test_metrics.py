@@ -61,3 +61,35 @@ def test_agent_line_parsing():
     assert a.verify_errors[0]["addr"] == 4096
     assert a.errors == ["bad spec"]
     assert a.ready.is_set()
+
+
+def test_work_lost_counts_depth_and_duration():
+    from livemig.metrics import work_lost
+    # 2 s at 50 % and 1 s at 0 % lose the same work: 1 s each
+    half = [50.0] * 20
+    stop = [0.0] * 10
+    assert abs(work_lost(half, 100.0) - 1.0) < 1e-9
+    assert abs(work_lost(stop, 100.0) - 1.0) < 1e-9
+    # catching up above normal does not pay back a loss
+    assert abs(work_lost(stop + [300.0] * 10, 100.0) - 1.0) < 1e-9
+    assert work_lost([100.0] * 50, 100.0) == 0.0
+
+
+def test_workload_stats_reports_work_lost_and_spread():
+    # 100 MB/s, frozen 1 s, then 100 MB/s: ~1 s of work lost, steady baseline
+    before = _samples(100e6, 0.0, 10.0)
+    after = _samples(100e6, 11.0, 15.0, start_count=before[-1].mem_bytes)
+    st = workload_stats(before + after, 2.0, 8.0, 15.0)
+    assert st.work_lost_s is not None and 0.9 <= st.work_lost_s <= 1.1
+    assert st.baseline_spread_pct is not None and st.baseline_spread_pct < 1.0
+    d = st.as_dict()
+    assert "work_lost_s" in d and "baseline_spread_pct" in d
+
+
+def test_spread_of_an_unsteady_rate_is_large():
+    from livemig.metrics import spread_pct
+    fast = _samples(100e6, 0.0, 1.0)
+    slow = _samples(20e6, 1.1, 2.0, start_count=fast[-1].mem_bytes)
+    fast2 = _samples(100e6, 2.1, 3.0, start_count=slow[-1].mem_bytes)
+    sp = spread_pct(fast + slow + fast2, 0.0, 3.0)
+    assert sp is not None and sp > 30

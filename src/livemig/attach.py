@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import subprocess
 import uuid
 from pathlib import Path
 
-from livemig import paths
+from livemig import dststart, paths
 from livemig.engine.endpoint import (
     Endpoint,
     process_argv,
@@ -76,13 +77,46 @@ async def _accel(src: Endpoint) -> str:
     return "tcg"
 
 
-async def run_attach(src_qmp: Path, dst_qmp: Path, plan: Plan, events: EventStream,
+async def _start_destination(src: Endpoint, run_dir: Path
+                             ) -> tuple[Endpoint, subprocess.Popen[bytes]]:
+    """``--dst-start``: the destination from the source's command line (this host)."""
+    argv = process_argv(src.pid) if src.pid is not None else None
+    if not argv:
+        raise UsageError("--dst-start: cannot read the source QEMU's command line (it "
+                         "must run on this host)")
+    dargv, qmp = dststart.destination_argv(argv, run_dir)
+    proc = await asyncio.to_thread(dststart.start, dargv, run_dir)
+    end = Endpoint("dst", qmp, pid=proc.pid, alive=lambda: proc.poll() is None)
+    await end.connect(CONNECT_TIMEOUT_S)
+    return end, proc
+
+
+async def _stop(end: Endpoint, proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(end.cmd("quit"), 2.0)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        await asyncio.to_thread(proc.wait, 5)
+    if proc.poll() is None:
+        proc.kill()
+        await asyncio.to_thread(proc.wait, 5)
+
+
+async def run_attach(src_qmp: Path, dst_qmp: Path | None, plan: Plan, events: EventStream,
                      interrupt: asyncio.Event) -> tuple[MigrationRecord, AttachFacts]:
+    """Attach to ``src_qmp``; the destination at ``dst_qmp``, or (None) started by
+    livemig from the source's command line."""
     run_id = "a" + uuid.uuid4().hex[:7]
+    gdir = paths.run_root() / run_id
     src = await _connect("src", "--src-qmp", src_qmp)
     dst: Endpoint | None = None
+    started: subprocess.Popen[bytes] | None = None
+    rec: MigrationRecord | None = None
     try:
-        dst = await _connect("dst", "--dst-qmp", dst_qmp)
+        if dst_qmp is None:
+            dst, started = await _start_destination(src, gdir)
+            events.event("destination started", argv=started.args, pid=started.pid)
+        else:
+            dst = await _connect("dst", "--dst-qmp", dst_qmp)
         accel = await _accel(src)
         import dataclasses
 
@@ -91,19 +125,24 @@ async def run_attach(src_qmp: Path, dst_qmp: Path, plan: Plan, events: EventStre
         if plan.livemig_setting("encoding") not in ("off",):
             events.event("encoding not chosen",
                          reason="attach: no RAM file to sample; stream encoding as set")
-        events.say(f"attached: source {src_qmp} (pid {src.pid}), destination {dst_qmp} "
-                   f"(pid {dst.pid}), {accel}; migrating to {plan.uri}")
-        gdir = paths.run_root() / run_id
+        events.say(f"attached: source {src_qmp} (pid {src.pid}), destination "
+                   f"{dst.socket_path} (pid {dst.pid}), {accel}; migrating to {plan.uri}")
         engine = Engine(src, dst, plan, events=events, interrupt=interrupt, run_id=run_id,
                         guardian_dir=gdir)
         rec = await engine.run()
-        if rec.completed:
-            shutil.rmtree(gdir, ignore_errors=True)
     finally:
+        if started is not None and dst is not None and (rec is None or not rec.completed):
+            await _stop(dst, started)  # livemig started it; the source is the VM
         await src.close()
         if dst is not None:
             await dst.close()
-    facts = AttachFacts({"src_qmp": str(src_qmp), "dst_qmp": str(dst_qmp),
+        if started is None or rec is None or not rec.completed:
+            # livemig ended normally: the guardian had nothing to repair (a started
+            # destination that now runs the guest keeps its sockets there)
+            shutil.rmtree(gdir, ignore_errors=True)
+    facts = AttachFacts({"src_qmp": str(src_qmp),
+                         "dst_qmp": str(dst.socket_path) if dst else None,
+                         "dst_started_by_livemig": started is not None,
                          "src_pid": src.pid, "dst_pid": dst.pid if dst else None,
                          "qemu": None})
     return rec, facts

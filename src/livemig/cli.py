@@ -16,6 +16,7 @@ from livemig import __version__
 from livemig.accel import choose_accel
 from livemig.engine.plan import Plan
 from livemig.errors import FaultInjectionRefused, LivemigError, UsageError
+from livemig.lab.leftovers import reap
 from livemig.lab.run import FAULT_KINDS, Fault, LabRun, MigrateOptions
 from livemig.paths import default_qemu, ensure_root
 from livemig.progress import Progress
@@ -51,6 +52,9 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--dst-qmp", type=Path, metavar="PATH",
                    help="attach: QMP socket of a destination QEMU started with "
                         "-incoming defer -S")
+    m.add_argument("--dst-start", action="store_true",
+                   help="attach: instead of --dst-qmp, start the destination on this host "
+                        "from the source's command line (+ -incoming defer -S)")
     m.add_argument("--uri", help="attach: what the destination listens on (tcp:HOST:PORT)")
     m.add_argument("--memory", help=f"guest RAM (default {LAB_DEFAULTS['memory']})")
     m.add_argument("--vcpus", type=int, help="guest vCPUs (default 1)")
@@ -96,7 +100,11 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--profiles", help="comma-separated profiles (default: the scenario's)")
     b.add_argument("--repeats", type=int, help="runs per profile (default: the scenario's)")
     b.add_argument("--out", type=Path, default=Path("reports/bench"), help="output directory")
-    b.add_argument("--qemu", type=Path, help="QEMU binary (default build/qemu/...)")
+    b.add_argument("--qemu", type=Path, help="QEMU binary for the livemig profiles "
+                   "(default build/qemu/...)")
+    b.add_argument("--stock-qemu", type=Path, help="QEMU binary for the stock profiles "
+                   "(default: the unpatched build of the same release, "
+                   "build/qemu-upstream/..., from 'make qemu-upstream'; 'same': --qemu)")
     b.add_argument("--accel", default="auto", help="auto|kvm|tcg")
     b.add_argument("-q", "--quiet", action="store_true", help="no live progress")
 
@@ -238,7 +246,10 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
 
 
 def _attach_plan(a: argparse.Namespace) -> Plan:
+    if a.dst_start and a.dst_qmp:
+        raise UsageError("--dst-start starts the destination: not with --dst-qmp")
     given = [k for k in ("src_qmp", "dst_qmp", "uri") if getattr(a, k)]
+    given += ["dst_qmp"] if a.dst_start else []
     missing = [f"--{k.replace('_', '-')}" for k in ("src_qmp", "dst_qmp", "uri")
                if k not in given]
     if missing:
@@ -289,7 +300,8 @@ def cmd_attach(a: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, interrupt.set)
         try:
-            rec, facts = await run_attach(a.src_qmp, a.dst_qmp, plan, events, interrupt)
+            rec, facts = await run_attach(a.src_qmp, None if a.dst_start else a.dst_qmp,
+                                          plan, events, interrupt)
         finally:
             progress.close()
         return build_report(rec, facts)
@@ -305,7 +317,7 @@ async def _run_migration(mig: LabRun) -> None:
 
 
 def cmd_migrate(a: argparse.Namespace) -> int:
-    if a.src_qmp or a.dst_qmp or a.uri:
+    if a.src_qmp or a.dst_qmp or a.uri or a.dst_start:
         return cmd_attach(a)
     opts = _migrate_options(a)
     ensure_root()
@@ -315,20 +327,22 @@ def cmd_migrate(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from livemig.bench import load_scenario, run_bench
+    from livemig.bench import binaries, load_scenarios, run_bench
 
-    for path in a.scenarios:
-        load_scenario(path)  # fail early on a bad file
     profiles = [p.strip() for p in a.profiles.split(",")] if a.profiles else None
     for p in profiles or []:
         if p not in PROFILES:
             raise UsageError(f"unknown profile {p!r}: choose from {', '.join(PROFILES)}")
+    for path in a.scenarios:
+        for sc in load_scenarios(path):  # fail early on a bad file or a missing binary
+            binaries({**sc, "profiles": profiles or sc["profiles"]}, a.qemu, a.stock_qemu)
     if a.repeats is not None and a.repeats < 1:
         raise UsageError("--repeats must be at least 1")
     ensure_root()
+    reap()
     choice = choose_accel(a.accel)
     md = asyncio.run(run_bench(a.scenarios, a.out, choice.name, choice.reason, a.qemu,
-                               a.repeats, profiles, a.quiet))
+                               a.repeats, profiles, a.quiet, a.stock_qemu))
     print(md)
     print(f"results in {a.out}/")
     return 0
@@ -378,6 +392,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
     if a.report and a.report.is_dir():
         raise UsageError(f"--report {a.report} is a directory")
     ensure_root()
+    reap()
     choice = choose_accel(a.accel)
     opts = VerifyOptions(rounds=a.rounds, combinations=names, memory=memory,
                          workload=workload, qemu=a.qemu or default_qemu(),

@@ -10,8 +10,19 @@ import bisect
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from livemig.lab.agent import RateSample
+
+class WorkSample(Protocol):
+    """A cumulative work counter at a host time: the guest agent's rate reports
+    (bytes dirtied and written) or a service client's completed operations."""
+
+    @property
+    def t(self) -> float: ...
+
+    @property
+    def work(self) -> float: ...
+
 
 BIN_S = 0.1  # throughput is judged in 100 ms bins, the agent's report period
 
@@ -45,18 +56,18 @@ def longest_gap(times: Sequence[float], start: float, end: float) -> Gap | None:
     return best
 
 
-def merged_counter(samples: Sequence[RateSample]) -> list[tuple[float, int]]:
+def merged_counter(samples: Sequence[WorkSample]) -> list[tuple[float, float]]:
     """(time, cumulative work) merged over channels, sorted, made monotonic."""
-    pts = sorted((s.t, s.work) for s in samples)
-    out: list[tuple[float, int]] = []
-    high = 0
+    pts = sorted((s.t, float(s.work)) for s in samples)
+    out: list[tuple[float, float]] = []
+    high = 0.0
     for t, w in pts:
         high = max(high, w)
         out.append((t, high))
     return out
 
 
-def _value_at(pts: Sequence[tuple[float, int]], times: Sequence[float], t: float) -> float:
+def _value_at(pts: Sequence[tuple[float, float]], times: Sequence[float], t: float) -> float:
     k = bisect.bisect_left(times, t)
     if k <= 0:
         return float(pts[0][1])
@@ -69,7 +80,7 @@ def _value_at(pts: Sequence[tuple[float, int]], times: Sequence[float], t: float
 
 
 def rate_series(
-    samples: Sequence[RateSample], start: float, end: float, bin_s: float = BIN_S
+    samples: Sequence[WorkSample], start: float, end: float, bin_s: float = BIN_S
 ) -> list[tuple[float, float]]:
     """Throughput (bytes/s) in consecutive bins over [start, end], interpolated from
     the cumulative counters; bins inside a silence get the little the counter moved."""
@@ -88,7 +99,7 @@ def rate_series(
     return out
 
 
-def average_rate(samples: Sequence[RateSample], start: float, end: float) -> float | None:
+def average_rate(samples: Sequence[WorkSample], start: float, end: float) -> float | None:
     pts = merged_counter([s for s in samples if start <= s.t <= end])
     if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
         return None
@@ -102,19 +113,51 @@ class WorkloadStats:
     mean_rate_during: float | None
     seconds_below_10pct: float | None
     seconds_below_50pct: float | None
+    work_lost_s: float | None = None
+    baseline_spread_pct: float | None = None
 
     def as_dict(self) -> dict[str, float | None]:
         return {
             "baseline_rate": self.baseline_rate,
+            "baseline_spread_pct": self.baseline_spread_pct,
             "min_rate": self.min_rate,
             "mean_rate_during": self.mean_rate_during,
             "seconds_below_10pct": self.seconds_below_10pct,
             "seconds_below_50pct": self.seconds_below_50pct,
+            "work_lost_s": self.work_lost_s,
         }
 
 
+def work_lost(rates: Sequence[float], baseline: float, bin_s: float = BIN_S) -> float:
+    """Seconds of guest work lost: the integral of max(0, 1 - rate/normal) over the
+    bins. It counts depth and duration together: 2 s at 50 % and 1 s at 0 % both lose
+    1 s; a rate above normal (catching up after a pause) does not pay back a loss."""
+    if baseline <= 0:
+        return 0.0
+    return sum(max(0.0, 1.0 - r / baseline) for r in rates) * bin_s
+
+
+SPREAD_WINDOW_S = 1.0  # the normal rate's spread is judged over 1 s windows
+
+
+def spread_pct(samples: Sequence[WorkSample], start: float, end: float,
+               window_s: float = SPREAD_WINDOW_S) -> float | None:
+    """How steady the normal rate is: the relative standard deviation (%) of the
+    throughput in ``window_s`` windows over [start, end]; None with under 2 windows.
+    Two runs' work-lost figures compare only when this is small against them."""
+    series = rate_series(samples, start, end, window_s)
+    rates = [r for _, r in series]
+    if len(rates) < 2:
+        return None
+    mean = sum(rates) / len(rates)
+    if mean <= 0:
+        return None
+    var = sum((r - mean) ** 2 for r in rates) / (len(rates) - 1)
+    return round(100.0 * var ** 0.5 / mean, 1)
+
+
 def workload_stats(
-    samples: Sequence[RateSample], baseline_start: float, start: float, end: float,
+    samples: Sequence[WorkSample], baseline_start: float, start: float, end: float,
     exclude: tuple[float, float] | None = None,
 ) -> WorkloadStats:
     """Baseline from [baseline_start, start); dips judged over [start, end].
@@ -126,17 +169,21 @@ def workload_stats(
     if exclude is not None:
         lo, hi = exclude
         series = [(t, r) for t, r in series if t + BIN_S <= lo or t >= hi]
+    spread = spread_pct(samples, baseline_start, start)
     if not series:
-        return WorkloadStats(baseline, None, None, None, None)
+        return WorkloadStats(baseline, None, None, None, None, None, spread)
     rates = [r for _, r in series]
-    below10 = below50 = None
+    below10 = below50 = lost = None
     if baseline:
         below10 = round(sum(BIN_S for r in rates if r < 0.1 * baseline), 3)
         below50 = round(sum(BIN_S for r in rates if r < 0.5 * baseline), 3)
+        lost = round(work_lost(rates, baseline), 3)
     return WorkloadStats(
         baseline_rate=baseline,
         min_rate=min(rates),
         mean_rate_during=sum(rates) / len(rates),
         seconds_below_10pct=below10,
         seconds_below_50pct=below50,
+        work_lost_s=lost,
+        baseline_spread_pct=spread,
     )

@@ -42,6 +42,42 @@ class VerifyLoad:
     rate: int = 8 << 20  # bytes/s of blocks rewritten with a new generation
 
 
+SERVICES = ("pgbench", "redis")
+
+
+@dataclass(frozen=True)
+class ServiceLoad:
+    """A real service in a Debian rootfs guest (guest/rootfs/images/) under a load
+    generator on the client host; its throughput is measured by the client.
+
+    - ``pgbench:scale=N,clients=C``: PostgreSQL with pgbench's tables at scale N (the
+      guest image is built per scale), C pgbench clients (TPC-B-like transactions).
+    - ``redis:keys=N,clients=C,value=SIZE,reads=P``: Redis with N keys of SIZE bytes,
+      C connections doing P % reads and the rest writes."""
+
+    kind: str
+    scale: int = 20
+    clients: int = 4
+    keys: int = 200_000
+    value: int = 1024
+    reads: int = 80
+
+    @property
+    def image(self) -> str:
+        return "postgres" if self.kind == "pgbench" else "redis"
+
+    @property
+    def image_params(self) -> tuple[str, ...]:
+        return (f"scale={self.scale}",) if self.kind == "pgbench" else ()
+
+    @property
+    def dataset_bytes(self) -> int:
+        """About what the service keeps in guest RAM (to check it fits the VM)."""
+        if self.kind == "pgbench":
+            return self.scale * (15 << 20)
+        return 2 * self.keys * (self.value + 80)  # dataset + write set, with overhead
+
+
 @dataclass(frozen=True)
 class Workload:
     """A parsed workload spec; ``text`` is the canonical form sent to the guest."""
@@ -50,10 +86,11 @@ class Workload:
     mem: tuple[MemLoad, ...] = field(default_factory=tuple)
     disk: tuple[DiskLoad, ...] = field(default_factory=tuple)
     verify: VerifyLoad | None = None
+    service: ServiceLoad | None = None
 
     @property
     def is_idle(self) -> bool:
-        return not (self.mem or self.disk or self.verify)
+        return not (self.mem or self.disk or self.verify or self.service)
 
     @property
     def mem_bytes(self) -> int:
@@ -155,6 +192,27 @@ def _parse_verify(item: str, kv: dict[str, str]) -> VerifyLoad:
     return VerifyLoad(**args)
 
 
+def _parse_service(item: str, kind: str, kv: dict[str, str]) -> ServiceLoad:
+    allowed = {"pgbench": ("scale", "clients"),
+               "redis": ("keys", "clients", "value", "reads")}[kind]
+    args: dict[str, int] = {}
+    for key, value in kv.items():
+        if key not in allowed:
+            raise UsageError(f"bad workload item {item!r}: unknown key {key!r} for {kind} "
+                             f"(keys: {', '.join(allowed)})")
+        if key == "scale":
+            args[key] = _int(item, key, value, 1, 1000)
+        elif key == "clients":
+            args[key] = _int(item, key, value, 1, 64)
+        elif key == "keys":
+            args[key] = _int(item, key, str(parse_size(value, f"{item}: keys")), 1, 50_000_000)
+        elif key == "value":
+            args[key] = _int(item, key, str(parse_size(value, f"{item}: value")), 1, 1 << 20)
+        else:
+            args[key] = _int(item, key, value, 0, 100)
+    return ServiceLoad(kind=kind, **args)
+
+
 def parse_workload(text: str) -> Workload:
     """Parse a workload spec; raise UsageError with a one-line message if it is bad."""
     text = text.strip()
@@ -165,7 +223,9 @@ def parse_workload(text: str) -> Workload:
     mem: list[MemLoad] = []
     disk: list[DiskLoad] = []
     verify: VerifyLoad | None = None
-    for item in text.split("+"):
+    service: ServiceLoad | None = None
+    items = text.split("+")
+    for item in items:
         kind, _, body = item.partition(":")
         if kind == "idle":
             if body:
@@ -178,8 +238,15 @@ def parse_workload(text: str) -> Workload:
             if verify is not None:
                 raise UsageError("bad workload spec: verify given twice")
             verify = _parse_verify(item, _kv(item, body))
+        elif kind in SERVICES:
+            if len(items) > 1:
+                raise UsageError(f"bad workload spec {text!r}: {kind} runs a service guest "
+                                 "of its own; it does not combine with other items")
+            service = _parse_service(item, kind, _kv(item, body))
         else:
             raise UsageError(
-                f"bad workload item {item!r}: expected idle, mem:..., disk:... or verify:..."
+                f"bad workload item {item!r}: expected idle, mem:..., disk:..., verify:..., "
+                "pgbench:... or redis:..."
             )
-    return Workload(text=text, mem=tuple(mem), disk=tuple(disk), verify=verify)
+    return Workload(text=text, mem=tuple(mem), disk=tuple(disk), verify=verify,
+                    service=service)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -48,7 +49,7 @@ COMBINATIONS: dict[str, Combination] = {
     "lz4": Combination({"multifd-compression": "lz4", "multifd-channels": "2"}),
     "lz4-bypass": Combination({"multifd-compression": "lz4", "multifd-channels": "2",
                                "multifd-compress-bypass-percent": "60"}),
-    "hot-page-defer": Combination({"hot-page-defer-percent": "30"}, bandwidth=48 << 20),
+    "hot-page-defer": Combination({"x-hot-page-defer-percent": "30"}, bandwidth=48 << 20),
     "direct-throttle": Combination({"throttle": "direct"}, bandwidth=24 << 20),
     "storage-copy": Combination(storage="copy"),
     "plain-unshaped": Combination(link=None),
@@ -246,6 +247,7 @@ class PingPong:
             await self.running.vm.stop()
         with contextlib.suppress(FileNotFoundError):
             self.running.vm.config.mem_path.unlink()
+        shutil.rmtree(self.running.vm.config.run_dir, ignore_errors=True)
         self.running = None
 
     def summary(self) -> dict[str, Any]:

@@ -93,55 +93,67 @@ def _wait_for_parent() -> bool:
 async def repair(spec: dict[str, Any]) -> dict[str, Any]:
     """Make the migration safe after livemig died; return what was done."""
     from livemig.engine.endpoint import Endpoint
+
+    src = Endpoint("src", Path(spec["src"]))
+    dst = Endpoint("dst", Path(spec["dst"]))
+    reachable = []
+    notes = []
+    for end in (src, dst):
+        try:
+            await end.connect(CONNECT_TIMEOUT_S)
+            reachable.append(end)
+        except LivemigError as e:
+            notes.append(f"{end.name}: not reachable: {e}")
+    try:
+        done = await repair_ends(src if src in reachable else None,
+                                 dst if dst in reachable else None, spec)
+    finally:
+        for end in (src, dst):
+            await end.close()
+    done["actions"][:0] = notes
+    return done
+
+
+async def repair_ends(src: Any, dst: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """The repair itself, on connected ends (None: unreachable)."""
     from livemig.engine.negotiate import EndSettings, restore
 
     done: dict[str, Any] = {"actions": []}
     act = done["actions"].append
-    src = Endpoint("src", Path(spec["src"]))
-    dst = Endpoint("dst", Path(spec["dst"]))
-    for end in (src, dst):
-        try:
-            await end.connect(CONNECT_TIMEOUT_S)
-        except LivemigError as e:
-            act(f"{end.name}: not reachable: {e}")
-    try:
-        if src.qmp is not None:
-            info = await src.cmd("query-migrate")
-            status = info.get("status", "none")
-            if status not in ("completed", "failed", "cancelled", "none") and \
-                    not str(status).startswith("postcopy"):
-                await src.cmd("migrate_cancel")
-                act(f"migrate_cancel (was {status})")
-                for _ in range(600):
-                    status = (await src.cmd("query-migrate")).get("status")
-                    if status in ("completed", "failed", "cancelled"):
-                        break
-                    await asyncio.sleep(0.05)
-            if status == "completed" and await _resume_destination(dst, act):
-                pass
-            else:
-                st = (await src.cmd("query-status")).get("status")
-                if st in RUNNABLE_PAUSED:
-                    await src.cmd("cont")
-                    act(f"source cont (was {st})")
-            with contextlib.suppress(LivemigError):
-                if await src.has_command("cancel-cpu-throttle"):
-                    await src.cmd("cancel-cpu-throttle")
-                    act("cancel-cpu-throttle")
-        for end, key in ((src, "original_src"), (dst, "original_dst")):
-            if end.qmp is not None and key in spec:
-                with contextlib.suppress(LivemigError, OSError):
-                    r = await restore(end, EndSettings.from_dict(spec[key]))
-                    act(f"{end.name}: restored {r}")
-    finally:
-        for end in (src, dst):
-            await end.close()
+    if src is not None:
+        info = await src.cmd("query-migrate")
+        status = info.get("status", "none")
+        if status not in ("completed", "failed", "cancelled", "none") and \
+                not str(status).startswith("postcopy"):
+            await src.cmd("migrate_cancel")
+            act(f"migrate_cancel (was {status})")
+            for _ in range(600):
+                status = (await src.cmd("query-migrate")).get("status")
+                if status in ("completed", "failed", "cancelled"):
+                    break
+                await asyncio.sleep(0.05)
+        if status == "completed" and await _resume_destination(dst, act):
+            pass
+        else:
+            st = (await src.cmd("query-status")).get("status")
+            if st in RUNNABLE_PAUSED:
+                await src.cmd("cont")
+                act(f"source cont (was {st})")
+        with contextlib.suppress(LivemigError):
+            if await src.has_command("cancel-cpu-throttle"):
+                await src.cmd("cancel-cpu-throttle")
+                act("cancel-cpu-throttle")
+    for end, key in ((src, "original_src"), (dst, "original_dst")):
+        if end is not None and key in spec:
+            with contextlib.suppress(LivemigError, OSError):
+                r = await restore(end, EndSettings.from_dict(spec[key]))
+                act(f"{end.name}: restored {r}")
     return done
 
 
 async def _resume_destination(dst: Any, act: Any) -> bool:
     """The migration completed: run the guest on the destination if it loaded."""
-    if dst.qmp is None:
+    if dst is None:
         return False
     try:
         incoming = (await dst.cmd("query-migrate")).get("status")

@@ -60,8 +60,9 @@ class Monitor:
     def __init__(self, src: QmpEnd, events: EventStream, period: float, t_migrate: float,
                  max_time: float | None, interrupt: asyncio.Event,
                  policies: Policies | None, hooks: MonitorHooks,
-                 timeline: list[dict[str, Any]]) -> None:
+                 timeline: list[dict[str, Any]], dst: QmpEnd | None = None) -> None:
         self.src = src
+        self.dst = dst
         self.events = events
         self.period = period
         self.t_migrate = t_migrate
@@ -121,6 +122,8 @@ class Monitor:
         dead = self.hooks.destination_dead()
         if dead:
             raise VMError(dead)
+        if self.dst is not None and not self.dst.alive():
+            raise VMError(f"destination QEMU is gone ({self.dst.name})")
         return verdict
 
     async def _wait_until(self, deadline: float) -> None:

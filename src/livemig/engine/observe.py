@@ -24,6 +24,7 @@ class Observation:
     total: int | None
     dirty_rate: float  # bytes/s
     bandwidth: float | None  # bytes/s
+    page_rate: float  # bytes/s of guest pages moved (pages-per-second x page size)
     throttle_pct: int
     expected_downtime_ms: int | None
     deferred_pages: int | None
@@ -47,6 +48,7 @@ class Observation:
             total=ram.get("total"),
             dirty_rate=float(ram.get("dirty-pages-rate") or 0) * page,
             bandwidth=float(mbps) * 1e6 / 8 if mbps else None,
+            page_rate=float(ram.get("pages-per-second") or 0) * page,
             throttle_pct=int(info.get("cpu-throttle-percentage") or 0),
             expected_downtime_ms=info.get("expected-downtime"),
             deferred_pages=ram.get("deferred-pages"),
@@ -61,7 +63,7 @@ class Observation:
             throttle_pct=self.throttle_pct, ram_total=int(self.total or 0),
             disk_remaining=d.get("remaining"), disk_total=d.get("total"),
             disk_ready=bool(d.get("ready")), disk_dirty_rate=d.get("dirty_rate"),
-            disk_write_rate=d.get("write_rate"),
+            disk_write_rate=d.get("write_rate"), page_rate=self.page_rate,
         )
 
     def sample(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from livemig.errors import UsageError
 from livemig.settings import LIVEMIG_SETTINGS, PROFILES
@@ -35,6 +36,14 @@ class Plan:
     @property
     def wanted(self) -> dict[str, str]:
         return dict(self.settings)
+
+    def livemig_settings(self) -> dict[str, Any]:
+        """Every livemig setting, converted, with its default when not given."""
+        out: dict[str, Any] = {k: st.default for k, st in LIVEMIG_SETTINGS.items()}
+        for key, value in self.settings:
+            if key in LIVEMIG_SETTINGS:
+                out[key] = LIVEMIG_SETTINGS[key].kind(value)
+        return out
 
     def livemig_setting(self, key: str) -> str:
         return self.wanted.get(key, str(LIVEMIG_SETTINGS[key].default))

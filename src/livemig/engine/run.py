@@ -129,11 +129,11 @@ class Engine:
             await self._run()
         except Interrupted as e:
             await self._rollback("aborted", str(e))
-        except UsageError:
-            if self.s.t_migrate is not None:
+        except UsageError as e:
+            if self.s.t_migrate is None:  # nothing started: put settings back, tell
+                await self._finish()
                 raise
-            await self._finish()
-            raise
+            await self._rollback("failed", str(e))
         except (LivemigError, OSError) as e:
             await self._rollback("failed", str(e))
         await self._finish()
@@ -143,16 +143,17 @@ class Engine:
         p = self.plan
         self.neg = await negotiate(self.src, self.dst, p)
         params = self.neg.original_src.parameters
+        commands = {c["name"] for c in await self.src.cmd("query-commands")}
         self.controller = Controller(
             self.neg.resolved.livemig, params, p.accel,
             int(self.neg.parameters.get("downtime-limit", params.get("downtime-limit", 300))),
             lambda what, data: self.events.event(what, **data),
-            disk_link=self.hooks.disk_link(), ram_cap=p.bandwidth)
+            disk_link=self.hooks.disk_link(), ram_cap=p.bandwidth, qemu_commands=commands)
         await apply(self.src, self.dst, self.neg)
         self.events.event("settings applied", **self.neg.resolved.as_dict())
         if self.guardian_dir is not None:
             self._guardian = guardian.start(self._guardian_spec(), self.guardian_dir)
-        await self.dst.cmd("migrate-incoming", uri=p.uri)
+        await self._incoming()
         self.events.event("phase warmup")
         await self.hooks.warmup()
         self._check_interrupt()
@@ -165,7 +166,7 @@ class Engine:
         self.events.say("migration started")
         mon = Monitor(self.src, self.events, float(self.neg.resolved.livemig["poll-interval"]),
                       self.s.t_migrate, p.max_time, self.interrupt, self.controller,
-                      self.hooks, self.timeline)
+                      self.hooks, self.timeline, dst=self.dst)
         end = await mon.run()
         self.s.final = end.info
         await self._release_controls()
@@ -176,6 +177,17 @@ class Engine:
             await self._source_runs()
         else:
             raise VMError(f"migration {end.status}: {end.info.get('error-desc', '?')}")
+
+    async def _incoming(self) -> None:
+        """The destination listens. ``exit-on-error=false`` (QEMU >= 9.1): a failed
+        or cancelled migration leaves the destination QEMU up for its owner to decide
+        about, instead of QEMU exiting by itself."""
+        try:
+            await self.dst.cmd("migrate-incoming", uri=self.plan.uri, **{"exit-on-error": False})
+        except VMError as e:
+            if "exit-on-error" not in str(e):
+                raise
+            await self.dst.cmd("migrate-incoming", uri=self.plan.uri)
 
     async def _switchover(self) -> None:
         self.events.event("phase switched")
@@ -189,7 +201,9 @@ class Engine:
                 self.s.ram = skipped("the destination runs already (not started with -S)")
             else:
                 self.events.say("comparing guest RAM: source vs destination")
-                self.s.ram = await verify_ram(self.src, self.dst)
+                self.s.ram = await verify_ram(
+                    self.src, self.dst, str(self.neg.resolved.livemig["ram-check"]) if self.neg
+                    else "auto")
                 self.events.event("ram compared", **self.s.ram.as_dict())
                 await self.hooks.verify_more()
         if status in PAUSED:
@@ -214,7 +228,7 @@ class Engine:
                 status = ev.get("data", {}).get("status")
                 if status == "completed":
                     ts = ev.get("timestamp", {})
-                    return float(ts.get("seconds", 0)) + ts.get("microseconds", 0) / 1e6
+                    return float(ts.get("seconds", 0)) + float(ts.get("microseconds", 0)) / 1e6
                 if status == "failed":
                     info = await self.dst.cmd("query-migrate")
                     raise VMError(f"destination failed to load: {info.get('error-desc', '?')}")

@@ -147,10 +147,14 @@ async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK) -> RamVe
                       mismatched_chunks=bad_chunks)
 
 
-async def verify_ram(src: QmpEnd, dst: QmpEnd) -> RamVerdict:
-    """Pick the backend and compare. Both ends must be stopped."""
+async def verify_ram(src: QmpEnd, dst: QmpEnd, method: str = "auto") -> RamVerdict:
+    """Pick the backend (``auto``, ``file`` or ``digest``) and compare. Both ends
+    must be stopped."""
     sf, df = src.ram_file, dst.ram_file
-    if sf is not None and df is not None and sf.exists() and df.exists():
+    files = sf is not None and df is not None and sf.exists() and df.exists()
+    if method == "file" and not files:
+        return skipped("ram-check=file: the ends have no RAM files this host can read")
+    if files and method != "digest" and sf is not None and df is not None:
         size = sf.stat().st_size
         c = await asyncio.to_thread(compare_ram, sf, df, size)
         return RamVerdict(
@@ -160,5 +164,8 @@ async def verify_ram(src: QmpEnd, dst: QmpEnd) -> RamVerdict:
             seconds=c.seconds, bytes_compared=size)
     if await src.has_command(DIGEST_CMD) and await dst.has_command(DIGEST_CMD):
         return await compare_digests(src, dst)
+    if method == "digest":
+        return skipped(f"ram-check=digest: this QEMU has no {DIGEST_CMD} (needs the "
+                       "patched build)")
     return skipped(f"no shared RAM files and this QEMU has no {DIGEST_CMD} "
                    "(needs the patched build)")

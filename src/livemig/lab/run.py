@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import random
 import shutil
 import socket
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from livemig import metrics, paths
+from livemig.engine.decision import Decision
 from livemig.engine.events import EventStream, progress_listener
 from livemig.engine.observe import Observation
 from livemig.engine.plan import Plan
@@ -36,18 +36,17 @@ from livemig.engine.run import Engine, Hooks, Interrupted
 from livemig.errors import LivemigError, UsageError, VMError
 from livemig.lab import faults, pagesample
 from livemig.lab.agent import AgentLink
+from livemig.lab.disk import DiskCopy, disks, make_images
 from livemig.lab.diskcheck import DiskComparison, compare_images
 from livemig.lab.faults import Fault
 from livemig.lab.leftovers import RunState, reap
-from livemig.lab.storage import DiskMirror, blockstats
+from livemig.lab.storage import DiskMirror
 from livemig.lab.vm import VM, Disk, VMConfig, is_migration_thread
 from livemig.policy import encoding, pinning
 from livemig.policy.base import Snapshot
-from livemig.policy.disk import choose_granularity
 from livemig.progress import Progress
 from livemig.ramcheck import gpa_to_offset
 from livemig.report import LabFacts, build_report
-from livemig.settings import LIVEMIG_SETTINGS
 from livemig.spec import Workload
 from livemig.testbed import netns, topology
 from livemig.testbed.probe import Prober
@@ -128,10 +127,7 @@ class LabRun(Hooks):
         self.t0 = self.events.t0
         self.interrupt = asyncio.Event()
         self.plan = opts.plan()
-        self.livemig = {k: LIVEMIG_SETTINGS[k].kind(v) if isinstance(v, str) else v
-                        for k, v in {**{k: s.default for k, s in LIVEMIG_SETTINGS.items()},
-                                     **{k: v for k, v in opts.wanted.items()
-                                        if k in LIVEMIG_SETTINGS}}.items()}
+        self.livemig = self.plan.livemig_settings()
         self.record: MigrationRecord | None = None
         self.engine: Engine | None = None
         self.src: VM | None = None
@@ -144,14 +140,11 @@ class LabRun(Hooks):
         self.source_after: dict[str, Any] | None = None
         self.state = RunState(self.run_dir)
         self._mem_files: list[Path] = []
-        self._disk_job: dict[str, Any] | None = None
-        self._disk_obs: dict[str, Any] = {}  # what the disk policies see
-        self._disk_prev: tuple[float, int, int] | None = None  # (t, job len, guest written)
+        self.copy: DiskCopy | None = None  # --storage copy
         self.pin_plan: pinning.PinPlan | None = None
         self.pinning: dict[str, Any] = {}
         self.prober: Prober | None = None
         self.network: dict[str, Any] = {}
-        self.disk: DiskMirror | None = None
         self.disk_check: DiskComparison | None = None
         self._testbed = contextlib.ExitStack()
         self._testbed_created = False
@@ -161,7 +154,6 @@ class LabRun(Hooks):
         self.injected: list[dict[str, Any]] = []
         self._wanted = dict(opts.wanted)
         self.encoding: dict[str, Any] | None = None
-        self._taps_before: dict[str, dict[str, int]] | None = None
 
     def event(self, what: str, **data: Any) -> None:
         self.events.event(what, **data)
@@ -224,7 +216,11 @@ class LabRun(Hooks):
                            f"QEMU {o.qemu}, logs in {self.run_dir}")
         if o.testbed:
             self._testbed_up()
-        src_disks, dst_disks = self._make_disks()
+        created, self._src_image, self._dst_image = make_images(
+            o.workload, o.storage, self.run_dir, o.disk_size, o.disk_fill, self.state,
+            self.events, o.images, o.source.image if o.source else None)
+        self._images += created
+        src_disks, dst_disks = disks(self._src_image), disks(self._dst_image)
         if o.source is not None:
             self.src, self.src_agent = o.source.vm, o.source.agent
             self._mem_files.append(self.src.config.mem_path)
@@ -254,36 +250,59 @@ class LabRun(Hooks):
         assert self.engine is not None
         self.t_migrate = self.engine.s.t_migrate
         if self.opts.storage == "copy":
-            await self._start_disk_copy()
+            assert self.src is not None and self.dst is not None
+            assert self.t_migrate is not None
+            self.copy = DiskCopy(self.src, self.dst, topology.MIG_ADDR[self.opts.dst_host],
+                                 self.livemig, self.events, self.progress.step)
+            await self.copy.start()
             if self.livemig["disk-schedule"] in ("first", "libvirt"):
-                await self._wait_disk_ready()
+                await self.copy.wait_ready(self.t_migrate, self.opts.max_time,
+                                           self._policy_tick(), self._check_interrupt)
         self._plan_pinning()
 
     async def on_poll(self, now: float, obs: Observation) -> dict[str, Any]:
         assert self.src is not None
         self.src.sample_threads()
-        if self.disk is not None and self.disk.active and not obs.terminal:
-            self._disk_job = await self.disk.poll()
-            await self._observe_disk(now)
+        if self.copy is not None and self.disk is not None and self.disk.active \
+                and not obs.terminal:
+            await self.copy.poll(now)
         if self.pin_plan is not None:
             self._pin_threads()
         extra: dict[str, Any] = {"guest_rate": self._guest_rate()}
-        job = self._disk_job if self.disk is not None and self.disk.active else None
-        if job is not None:
-            extra["remaining_disk"] = int(job["len"]) - int(job["offset"])
+        if self.copy is not None and self.copy.remaining is not None:
+            extra["remaining_disk"] = self.copy.remaining
         base = self._baseline()
         if extra["guest_rate"] is not None and base:
             extra["guest_rate_pct"] = 100.0 * extra["guest_rate"] / base
         return extra
 
     def disk_observation(self) -> dict[str, Any] | None:
-        return self._disk_obs or None
+        return (self.copy.obs or None) if self.copy is not None else None
 
     async def pre_switchover(self) -> bool:
-        if self.disk is None or not self.disk.active:
+        if self.copy is None or self.disk is None or not self.disk.active:
             return False
-        await self._disk_switchover()
+        assert self.t_migrate is not None
+        await self.copy.switchover(self.t_migrate, self._check_interrupt)
         return True
+
+    def _policy_tick(self) -> Any:
+        """The disk policies act while the disk copies before RAM (IO QoS)."""
+        c = self.engine.controller if self.engine is not None else None
+        if c is None or not c.active or self.src is None:
+            return None
+        cmd = self.src.cmd
+
+        async def tick(snap: Snapshot) -> None:
+            v = await c.tick(snap, cmd)
+            if v.decision is Decision.CANCEL:  # a policy gave up while the disk copies
+                raise Interrupted(v.reason)
+
+        return tick
+
+    @property
+    def disk(self) -> DiskMirror | None:
+        return self.copy.mirror if self.copy is not None else None
 
     def destination_dead(self) -> str | None:
         if self.dst is not None and not self.dst.alive():
@@ -336,34 +355,6 @@ class LabRun(Hooks):
         await agent.connect()
         return vm, agent
 
-    def _make_disks(self) -> tuple[list[Disk], list[Disk]]:
-        """Shared storage: one image both hosts open. Copy: one image per host, the
-        destination's empty until the mirror fills it."""
-        w = self.opts.workload
-        if not (w.disk or (w.verify and w.verify.disk)):
-            return [], []
-        if self.opts.images is not None:
-            a, b = self.opts.images
-            here = self.opts.source.image if self.opts.source and self.opts.source.image else a
-            there = here if self.opts.storage == "shared" else (b if here == a else a)
-            self._src_image, self._dst_image = here, there
-            return [Disk(here)], [Disk(there)]
-        need = max([d.size or 0 for d in w.disk] + [w.verify.disk if w.verify else 0])
-        size = max(self.opts.disk_size, need)
-        names = ["disk0.raw"] if self.opts.storage == "shared" else [
-            "src-disk0.raw", "dst-disk0.raw"]
-        for i, name in enumerate(names):
-            img = self.run_dir / name
-            with open(img, "wb") as f:
-                f.truncate(size)
-            if i == 0 and self.opts.disk_fill == "mixed":
-                fill_image(img, size)
-            self._images.append(img)
-            self.state.add_file(img)
-            self.event("disk created", path=str(img), size=size)
-        self._src_image, self._dst_image = self._images[0], self._images[-1]
-        return [Disk(self._src_image)], [Disk(self._dst_image)]
-
     def _testbed_up(self) -> None:
         """Take the testbed for this run; create it (and later remove it) if needed."""
         o = self.opts
@@ -397,59 +388,6 @@ class LabRun(Hooks):
         self.progress.step(f"client probes the guest at {topology.GUEST_IP} every "
                            f"{self.prober.interval * 1000:.0f} ms")
 
-    async def _start_disk_copy(self) -> None:
-        """Mirror the disk into the destination's NBD export."""
-        assert self.src is not None and self.dst is not None
-        lm = self.livemig
-        gran = lm["disk-granularity"]
-        why = "set explicitly"
-        if gran == "auto":
-            st = await blockstats(self.src.cmd)
-            gran = choose_granularity(st.get("wr_bytes", 0), st.get("wr_operations", 0))
-            avg = st.get("wr_bytes", 0) / max(st.get("wr_operations", 0), 1)
-            why = (f"auto: guest writes average {avg / 1024:.1f} KiB over "
-                   f"{st.get('wr_operations', 0)} writes")
-        self.disk = DiskMirror(self.src.cmd, self.dst.cmd, topology.MIG_ADDR[self.opts.dst_host],
-                               "disk0", int(gran), int(lm["disk-speed"]),
-                               str(lm["disk-copy-mode"]))
-        await self.disk.start()
-        self.event("disk mirror started", granularity=self.disk.granularity,
-                   granularity_reason=why, speed=self.disk.speed,
-                   copy_mode=self.disk.copy_mode, schedule=lm["disk-schedule"])
-        self.progress.step(f"copying the disk (granularity {self.disk.granularity >> 10}K, "
-                           f"{why}; mode {self.disk.copy_mode}, schedule "
-                           f"{lm['disk-schedule']})")
-
-    async def _wait_disk_ready(self, frozen: bool = False) -> None:
-        """Disk first: RAM waits until the mirror's first full pass is done. The disk
-        policies (IO QoS) already act here, unless the guest is ``frozen``."""
-        assert self.src is not None and self.dst is not None and self.disk is not None
-        last_report = 0.0
-        while True:
-            job = await self.disk.poll()
-            assert job is not None
-            now = time.time()
-            self._disk_job = job
-            await self._observe_disk(now)
-            c = self.engine.controller if self.engine is not None else None
-            if not frozen and c is not None and c.active:
-                assert self.t_migrate is not None
-                await c.tick(Snapshot.from_query_migrate(
-                    now - self.t_migrate, {}, self._disk_obs), self.src.cmd)
-            if job.get("ready"):
-                self.event("disk mirror ready", offset=job["offset"], len=job["len"])
-                return
-            if now - last_report >= 1.0:
-                last_report = now
-                self.progress.step(f"disk: {job['offset'] >> 20} of {job['len'] >> 20} MiB "
-                                   "copied")
-            self._check_interrupt()
-            if self.opts.max_time and now - (self.t_migrate or now) > self.opts.max_time:
-                raise Interrupted(f"disk copy not done within --max-time {self.opts.max_time:g}s")
-            if not self.dst.alive():
-                raise VMError(f"destination QEMU died: {self.dst.log_tail()}")
-            await asyncio.sleep(0.1)
-
     async def _choose_encoding(self) -> None:
         """``encoding=auto``: look at the pages the guest rewrites and pick the stream
         encoding that suits them (settings given with --set win)."""
@@ -476,20 +414,6 @@ class LabRun(Hooks):
                          "samples": choice.samples, "applied": applied}
         self.event("encoding chosen", **self.encoding)
         self.progress.step(f"stream encoding {choice.encoding}: {choice.reason}")
-
-    async def _observe_disk(self, now: float) -> None:
-        """The mirror's backlog, how fast it is re-dirtied, how fast the guest writes."""
-        assert self.disk is not None and self._disk_job is not None
-        job = self._disk_job
-        written = await self.disk.guest_written()
-        obs: dict[str, Any] = {"remaining": int(job["len"]) - int(job["offset"]),
-                               "total": int(job["len"]), "ready": bool(job.get("ready"))}
-        if self._disk_prev is not None and now > self._disk_prev[0]:
-            dt = now - self._disk_prev[0]
-            obs["dirty_rate"] = max(0, int(job["len"]) - self._disk_prev[1]) / dt
-            obs["write_rate"] = max(0, written - self._disk_prev[2]) / dt
-        self._disk_prev = (now, int(job["len"]), written)
-        self._disk_obs = obs
 
     def _plan_pinning(self) -> None:
         assert self.src is not None
@@ -523,16 +447,6 @@ class LabRun(Hooks):
                 log.info("cannot pin %s: %s", key, e)
                 continue
             done[key] = sorted(cpus)
-
-    async def _disk_switchover(self) -> None:
-        """QEMU paused at pre-switchover: finish the mirror, then let RAM complete."""
-        assert self.src is not None and self.src.qmp is not None and self.disk is not None
-        self.progress.step("guest frozen: finishing the disk mirror before the switchover")
-        if self.disk.stats.ready_at is None:  # concurrent: RAM was done first
-            await self._wait_disk_ready(frozen=True)
-        await self.disk.finish(self.src.qmp)
-        self.event("disk mirror finished", **self.disk.stats.as_report())
-        await self.src.cmd("migrate-continue", state="pre-switchover")
 
     def _vm_config(self, name: str, disks: list[Disk], incoming: bool) -> VMConfig:
         """``name`` is the role (src/dst); the testbed host comes from the options."""
@@ -697,7 +611,13 @@ class LabRun(Hooks):
             topology.down(quiet=True)
         self._testbed.close()
         if self.record is not None and self.record.completed and not self.opts.keep_run_dir:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            # this run's directory, and that of a source handed over by an earlier run,
+            # unless a guest handed over to the next run still has its sockets there
+            dirs = {self.run_dir} | {vm.config.run_dir for vm in (self.src, self.dst) if vm}
+            if keep is not None:
+                dirs.discard(keep.vm.config.run_dir)
+            for d in dirs:
+                shutil.rmtree(d, ignore_errors=True)
 
     def handed_over(self) -> Running | None:
         """With ``keep_destination``: the guest now running on the destination."""
@@ -782,30 +702,6 @@ class LabRun(Hooks):
 
 def _ms(s: float | None) -> float | None:
     return None if s is None else round(s * 1000.0, 1)
-
-
-def _delta(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else round(a - b, 3)
-
-
-def fill_image(path: Path, size: int) -> None:
-    """Fill a disk image like a used disk: per 4 KiB block a mix of random, text-like
-    and zero blocks (the mirror copies every byte; compressibility does not matter)."""
-    rng = random.Random(0x11FE)
-    words = b"lorem ipsum dolor sit amet select from where index page row table "
-    blocks = []
-    for i in range(256):
-        kind = i % 4
-        if kind == 0:
-            blocks.append(rng.randbytes(4096))
-        elif kind == 3:
-            blocks.append(bytes(4096))
-        else:
-            blocks.append((words * 64)[rng.randrange(64):][:4096].ljust(4096, b" "))
-    chunk = b"".join(blocks)  # 1 MiB
-    with open(path, "r+b") as f:
-        for off in range(0, size, len(chunk)):
-            f.write(off.to_bytes(8, "little") + chunk[8:min(len(chunk), size - off)])
 
 
 def _free_port() -> int:

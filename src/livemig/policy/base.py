@@ -22,6 +22,10 @@ class Snapshot:
     disk_ready: bool = False  # mirror in sync (only dirty writes left)
     disk_dirty_rate: float | None = None  # bytes/s the mirror's to-do grows by (re-dirtied)
     disk_write_rate: float | None = None  # bytes/s the guest writes to the disk
+    # bytes/s of guest pages the stream moves (QEMU's pages-per-second × page size):
+    # unlike ``bandwidth`` (bytes on the wire) it does not shrink with compression,
+    # so it is what the remainder, in guest bytes, is drained at; 0 when unknown
+    page_rate: float = 0.0
 
     @classmethod
     def from_query_migrate(cls, t: float, info: dict[str, Any],
@@ -31,6 +35,7 @@ class Snapshot:
         d = disk or {}
         page = ram.get("page-size") or 4096
         mbps = ram.get("mbps") or 0.0
+        pps = ram.get("pages-per-second") or 0
         return cls(
             t=t,
             rounds=int(ram.get("dirty-sync-count") or 0),
@@ -44,6 +49,7 @@ class Snapshot:
             disk_ready=bool(d.get("ready")),
             disk_dirty_rate=d.get("dirty_rate"),
             disk_write_rate=d.get("write_rate"),
+            page_rate=float(pps) * page,
         )
 
 
@@ -56,7 +62,7 @@ class Action:
 
 @dataclass(frozen=True)
 class SetThrottle(Action):
-    percent: int  # 0..99, via the direct throttle knob (lease renewed by the executor)
+    percent: int  # 0..99, via set-cpu-throttle (lease renewed by the executor)
 
 
 @dataclass(frozen=True)

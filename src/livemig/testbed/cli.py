@@ -51,7 +51,10 @@ def _up(a: argparse.Namespace) -> int:
 
 def _down(a: argparse.Namespace) -> int:
     ensure_root()
+    from livemig.lab.leftovers import reap
+
     removed = topology.down(quiet=True)
+    removed += reap()  # QEMUs and RAM files of runs whose livemig died (also --link local)
     print("removed " + ", ".join(removed) if removed else "nothing to remove")
     return 0
 

@@ -1,0 +1,185 @@
+"""The lab's disk: images on the hosts and, with ``--storage copy``, the copy.
+
+Shared storage: one image both hosts open. Copied storage: one image per host, the
+destination's empty until the NBD mirror (:mod:`livemig.lab.storage`) fills it; the
+mirror runs before (``disk-schedule=first``/``libvirt``) or with the RAM migration,
+the disk policies see its backlog, and QEMU stops at ``pre-switchover`` so the mirror
+finishes with the guest frozen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from livemig.engine.events import EventStream
+from livemig.engine.run import Interrupted
+from livemig.errors import VMError
+from livemig.lab.leftovers import RunState
+from livemig.lab.storage import DiskMirror, blockstats
+from livemig.lab.vm import VM, Disk
+from livemig.policy.base import Snapshot
+from livemig.policy.disk import choose_granularity
+from livemig.spec import Workload
+
+Tick = Callable[[Snapshot], Awaitable[Any]]
+
+
+def make_images(workload: Workload, storage: str, run_dir: Path, size_default: int,
+                fill: str, state: RunState, events: EventStream,
+                images: tuple[Path, Path] | None = None, here: Path | None = None
+                ) -> tuple[list[Path], Path | None, Path | None]:
+    """Create the run's images; return (created, source image, destination image).
+
+    ``images``: two images owned by the caller (ping-pong), ``here`` the one the
+    running guest uses now."""
+    w = workload
+    if not (w.disk or (w.verify and w.verify.disk)):
+        return [], None, None
+    if images is not None:
+        a, b = images
+        here = here or a
+        there = here if storage == "shared" else (b if here == a else a)
+        return [], here, there
+    need = max([d.size or 0 for d in w.disk] + [w.verify.disk if w.verify else 0])
+    size = max(size_default, need)
+    names = ["disk0.raw"] if storage == "shared" else ["src-disk0.raw", "dst-disk0.raw"]
+    created: list[Path] = []
+    for i, name in enumerate(names):
+        img = run_dir / name
+        with open(img, "wb") as f:
+            f.truncate(size)
+        if i == 0 and fill == "mixed":
+            fill_image(img, size)
+        created.append(img)
+        state.add_file(img)
+        events.event("disk created", path=str(img), size=size)
+    return created, created[0], created[-1]
+
+
+def disks(image: Path | None) -> list[Disk]:
+    return [] if image is None else [Disk(image)]
+
+
+class DiskCopy:
+    """One disk copy: the mirror job, its observation, its finish."""
+
+    def __init__(self, src: VM, dst: VM, dst_addr: str, settings: dict[str, Any],
+                 events: EventStream, say: Callable[[str], None]) -> None:
+        self.src, self.dst, self.dst_addr = src, dst, dst_addr
+        self.settings = settings
+        self.events, self.say = events, say
+        self.mirror: DiskMirror | None = None
+        self.job: dict[str, Any] | None = None
+        self.obs: dict[str, Any] = {}  # what the disk policies see
+        self._prev: tuple[float, int, int] | None = None  # (t, job len, guest written)
+
+    @property
+    def remaining(self) -> int | None:
+        if self.job is None or self.mirror is None or not self.mirror.active:
+            return None
+        return int(self.job["len"]) - int(self.job["offset"])
+
+    async def start(self) -> None:
+        """Mirror the disk into the destination's NBD export."""
+        lm = self.settings
+        gran = lm["disk-granularity"]
+        why = "set explicitly"
+        if gran == "auto":
+            st = await blockstats(self.src.cmd)
+            gran = choose_granularity(st.get("wr_bytes", 0), st.get("wr_operations", 0))
+            avg = st.get("wr_bytes", 0) / max(st.get("wr_operations", 0), 1)
+            why = (f"auto: guest writes average {avg / 1024:.1f} KiB over "
+                   f"{st.get('wr_operations', 0)} writes")
+        m = DiskMirror(self.src.cmd, self.dst.cmd, self.dst_addr, "disk0", int(gran),
+                       int(lm["disk-speed"]), str(lm["disk-copy-mode"]))
+        self.mirror = m
+        await m.start()
+        self.events.event("disk mirror started", granularity=m.granularity,
+                          granularity_reason=why, speed=m.speed, copy_mode=m.copy_mode,
+                          schedule=lm["disk-schedule"])
+        self.say(f"copying the disk (granularity {m.granularity >> 10}K, {why}; mode "
+                 f"{m.copy_mode}, schedule {lm['disk-schedule']})")
+
+    async def poll(self, now: float) -> None:
+        assert self.mirror is not None
+        self.job = await self.mirror.poll()
+        await self.observe(now)
+
+    async def observe(self, now: float) -> None:
+        """The mirror's backlog, how fast it is re-dirtied, how fast the guest writes."""
+        assert self.mirror is not None
+        job = self.job
+        if job is None:
+            return
+        written = await self.mirror.guest_written()
+        obs: dict[str, Any] = {"remaining": int(job["len"]) - int(job["offset"]),
+                               "total": int(job["len"]), "ready": bool(job.get("ready"))}
+        if self._prev is not None and now > self._prev[0]:
+            dt = now - self._prev[0]
+            obs["dirty_rate"] = max(0, int(job["len"]) - self._prev[1]) / dt
+            obs["write_rate"] = max(0, written - self._prev[2]) / dt
+        self._prev = (now, int(job["len"]), written)
+        self.obs = obs
+
+    async def wait_ready(self, t_migrate: float, max_time: float | None,
+                         tick: Tick | None, check: Callable[[], None]) -> None:
+        """Disk first: RAM waits until the mirror's first full pass is done. The disk
+        policies (IO QoS) already act here through ``tick`` (None: guest frozen)."""
+        assert self.mirror is not None
+        last_report = 0.0
+        while True:
+            now = time.time()
+            await self.poll(now)
+            job = self.job
+            assert job is not None
+            if tick is not None:
+                await tick(Snapshot.from_query_migrate(now - t_migrate, {}, self.obs))
+            if job.get("ready"):
+                self.events.event("disk mirror ready", offset=job["offset"], len=job["len"])
+                return
+            if now - last_report >= 1.0:
+                last_report = now
+                self.say(f"disk: {job['offset'] >> 20} of {job['len'] >> 20} MiB copied")
+            check()
+            if max_time and now - t_migrate > max_time:
+                raise Interrupted(f"disk copy not done within --max-time {max_time:g}s")
+            if not self.dst.alive():
+                raise VMError(f"destination QEMU died: {self.dst.log_tail()}")
+            await asyncio.sleep(0.1)
+
+    async def switchover(self, t_migrate: float, check: Callable[[], None]) -> None:
+        """QEMU paused at pre-switchover: finish the mirror, then let RAM complete."""
+        assert self.mirror is not None and self.src.qmp is not None
+        self.say("guest frozen: finishing the disk mirror before the switchover")
+        if self.mirror.stats.ready_at is None:  # concurrent: RAM was done first
+            await self.wait_ready(t_migrate, None, None, check)
+        await self.mirror.finish(self.src.qmp)
+        self.events.event("disk mirror finished", **self.mirror.stats.as_report())
+        await self.src.cmd("migrate-continue", state="pre-switchover")
+
+
+def fill_image(path: Path, size: int) -> None:
+    """Fill a disk image like a used disk: per 4 KiB block a mix of random, text-like
+    and zero blocks (the mirror copies every byte; compressibility does not matter)."""
+    rng = random.Random(0x11FE)
+    words = b"lorem ipsum dolor sit amet select from where index page row table "
+    blocks = []
+    for i in range(256):
+        kind = i % 4
+        if kind == 0:
+            blocks.append(rng.randbytes(4096))
+        elif kind == 3:
+            blocks.append(bytes(4096))
+        else:
+            blocks.append((words * 64)[rng.randrange(64):][:4096].ljust(4096, b" "))
+    chunk = b"".join(blocks)  # 1 MiB
+    with open(path, "r+b") as f:
+        for off in range(0, size, len(chunk)):
+            f.write(off.to_bytes(8, "little") + chunk[8:min(len(chunk), size - off)])
+
+

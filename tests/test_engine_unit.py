@@ -1,0 +1,269 @@
+"""The engine against scripted QMP ends: digest comparison, settings restored on
+every outcome, cancel and rollback paths, the guardian's repair, the plan's checks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fakeqmp import PAGE, FakeEnd
+from livemig.engine.decision import Decision
+from livemig.engine.guardian import repair_ends
+from livemig.engine.negotiate import EndSettings, read
+from livemig.engine.observe import Observation
+from livemig.engine.plan import Plan
+from livemig.engine.run import Engine
+from livemig.engine.verify import compare_digests, verify_ram
+from livemig.errors import UsageError
+
+URI = "tcp:127.0.0.1:4444"
+FAST = (("poll-interval", "0.01"),)
+
+
+def ends(ram_size: int = 8 << 20, **src_kw):
+    base = {"pc.ram": bytearray(ram_size), "vga.vram": bytearray(1 << 20)}
+    base["pc.ram"][0x123456] = 7
+    digest = {"x-query-ram-digest"}
+    src = FakeEnd("src", ram={k: bytearray(v) for k, v in base.items()}, commands=digest,
+                  **src_kw)
+    dst = FakeEnd("dst", status="inmigrate", ram={k: bytearray(v) for k, v in base.items()},
+                  commands=digest)
+    return src, dst
+
+
+def run(engine: Engine):
+    return asyncio.run(engine.run())
+
+
+# -- digest ---------------------------------------------------------------------------
+def test_digest_identical_is_ok_and_costed():
+    src, dst = ends()
+    src.status = dst.status = "paused"
+    v = asyncio.run(compare_digests(src, dst, chunk=1 << 20))
+    assert v.result == "ok" and v.method == "digest"
+    assert v.pages_compared == (9 << 20) // PAGE
+    assert v.as_dict()["seconds_per_gib"] is not None
+
+
+def test_digest_names_the_flipped_pages():
+    src, dst = ends()
+    src.status = dst.status = "paused"
+    dst.ram["pc.ram"][0x300001] ^= 0xFF  # one page in one chunk
+    dst.ram["pc.ram"][0x7FF000] ^= 0x01  # the last page of the block
+    dst.ram["vga.vram"][5] ^= 0x10
+    v = asyncio.run(compare_digests(src, dst, chunk=1 << 20))
+    assert v.result == "mismatch"
+    assert v.mismatched_pages == 3 and v.mismatched_chunks == 3
+    # main RAM named by guest-physical address, other blocks by block+offset
+    assert list(v.first_mismatches) == ["0x300000", "0x7ff000", "vga.vram+0x0"]
+    # the drill-down asked page digests of exactly the differing chunks
+    drills = [a for a in src.called("x-query-ram-digest") if "block" in a]
+    assert {(a["block"], a["offset"], a["chunk-size"]) for a in drills} == {
+        ("pc.ram", 0x300000, PAGE), ("pc.ram", 0x700000, PAGE), ("vga.vram", 0, PAGE)}
+
+
+def test_digest_block_missing_or_resized_is_a_mismatch():
+    src, dst = ends()
+    src.status = dst.status = "paused"
+    del dst.ram["vga.vram"]
+    v = asyncio.run(compare_digests(src, dst, chunk=1 << 20))
+    assert v.result == "mismatch" and "vga.vram: missing on the destination" in v.first_mismatches
+
+
+def test_no_digest_and_no_ram_files_is_skipped_with_reason():
+    src, dst = ends()
+    src.commands = dst.commands = set()
+    v = asyncio.run(verify_ram(src, dst))
+    assert v.result == "skipped" and "x-query-ram-digest" in (v.why or "")
+
+
+# -- whole runs -----------------------------------------------------------------------
+def test_completed_run_verifies_before_resuming_and_restores_both_ends():
+    src, dst = ends()
+    dst.events.append({"event": "MIGRATION", "data": {"status": "completed"},
+                       "timestamp": {"seconds": 1, "microseconds": 0}})
+    before_src = (dict(src.caps), dict(src.params))
+    plan = Plan(URI, settings=(("multifd", "on"), ("downtime-limit", "500"), *FAST),
+                profile="defaults", bandwidth=64 << 20).validate()
+    rec = run(Engine(src, dst, plan))
+    assert rec.outcome == "completed", rec.reason
+    assert rec.ram is not None and rec.ram.result == "ok"
+    names = [c for c, _ in dst.log]
+    # the destination was digested while paused, and only then resumed
+    assert names.index("x-query-ram-digest") < names.index("cont")
+    assert dst.status == "running"
+    assert dst.called("migrate-incoming")[0]["exit-on-error"] is False
+    assert (src.caps, src.params) == before_src
+    assert dst.caps["multifd"] is False and dst.params["downtime-limit"] == 300
+    assert rec.settings["parameters"]["max-bandwidth"] == 64 << 20
+
+
+def test_max_time_cancels_source_runs_settings_restored():
+    src, dst = ends(statuses=["active"])
+    plan = Plan(URI, settings=(("auto-converge", "on"), *FAST), profile="defaults",
+                max_time=0.05).validate()
+    rec = run(Engine(src, dst, plan))
+    assert rec.outcome == "aborted" and "max-time" in (rec.reason or "")
+    assert src.called("migrate_cancel")
+    assert src.status == "running" and not src.caps["auto-converge"]
+    assert rec.source_after == {"running": True, "status": "running"}
+    assert not dst.called("cont")  # the destination never runs the guest
+
+
+def test_failed_migration_puts_a_paused_source_back_running():
+    src, dst = ends(statuses=["active", "failed"])
+    src_status = {"n": 0}
+    orig = src.cmd
+
+    async def cmd(command, **args):
+        if command == "query-migrate" and src.statuses == ["failed"]:
+            src.status = "paused"  # QEMU left the source stopped
+            src_status["n"] += 1
+        return await orig(command, **args)
+
+    src.cmd = cmd  # type: ignore[method-assign]
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults").validate()))
+    assert rec.outcome == "failed"
+    assert src.called("cont") and src.status == "running"
+
+
+def test_interrupt_is_an_abort():
+    src, dst = ends(statuses=["active"])
+    ev = asyncio.Event()
+    ev.set()
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults").validate(),
+                     interrupt=ev))
+    assert rec.outcome == "aborted" and rec.reason == "interrupted"
+
+
+def test_unknown_setting_is_a_usage_error_before_anything_changes():
+    src, dst = ends()
+    with pytest.raises(UsageError, match="unknown setting"):
+        run(Engine(src, dst, Plan(URI, settings=(("no-such-knob", "1"),),
+                                  profile="defaults").validate()))
+    assert not src.called("migrate-set-capabilities") and not dst.called("migrate-incoming")
+
+
+# -- guardian -------------------------------------------------------------------------
+def _spec(src: FakeEnd, dst: FakeEnd) -> dict:
+    return {"original_src": EndSettings(dict(src.caps), dict(src.params)).as_dict(),
+            "original_dst": EndSettings(dict(dst.caps), dict(dst.params)).as_dict()}
+
+
+def test_guardian_cancels_an_active_migration_and_restores():
+    src, dst = ends(statuses=["active"])
+    spec = _spec(src, dst)
+    src.caps["multifd"] = True
+    src.params["max-bandwidth"] = 1
+    src.migrating = True
+    src.commands.add("cancel-cpu-throttle")
+    done = asyncio.run(repair_ends(src, dst, spec))
+    assert src.called("migrate_cancel") and src.called("cancel-cpu-throttle")
+    assert src.status == "running" and not src.caps["multifd"]
+    assert src.params["max-bandwidth"] == 134217728
+    assert not dst.called("cont"), done
+
+
+def test_guardian_resumes_a_completed_destination():
+    src, dst = ends(statuses=["completed"])
+    src.migrating = True
+    src.status, dst.status = "postmigrate", "paused"
+    dst.migrating, dst.statuses = True, ["completed"]
+    asyncio.run(repair_ends(src, dst, _spec(src, dst)))
+    assert dst.status == "running" and not src.called("cont")
+
+
+# -- plan, observation, decision ------------------------------------------------------
+@pytest.mark.parametrize("kw,msg", [
+    ({"uri": "http://x"}, "bad migration URI"),
+    ({"uri": "tcp:h:99999"}, "port out of range"),
+    ({"max_time": 0}, "--max-time"),
+    ({"settings": (("throttle", "bogus"),)}, "bad --set throttle"),
+    ({"settings": (("throttle", "dirty-limit"),)}, "dirty-limit needs KVM"),
+    ({"profile": "nope"}, "unknown profile"),
+])
+def test_plan_rejects(kw, msg):
+    args = {"uri": URI, **kw}
+    with pytest.raises(UsageError, match=msg):
+        Plan(**args).validate()
+
+
+def test_observation_parses_once_for_snapshot_and_timeline():
+    o = Observation.parse(2.0, {"status": "active", "cpu-throttle-percentage": 30, "ram": {
+        "dirty-sync-count": 3, "remaining": 1000, "total": 4000, "transferred": 10,
+        "dirty-pages-rate": 2, "page-size": 4096, "mbps": 8.0}})
+    s = o.snapshot()
+    assert (s.rounds, s.remaining, s.dirty_rate, s.bandwidth, s.throttle_pct) == (
+        3, 1000, 8192.0, 1e6, 30)
+    assert o.sample()["eta_s"] == pytest.approx(0.001)
+    assert not o.terminal and Observation.parse(0, {"status": "cancelled"}).terminal
+
+
+def test_restore_reads_back_originals():
+    src, _ = ends()
+    orig = asyncio.run(read(src))
+    assert orig.capabilities["events"] is False and orig.parameters["downtime-limit"] == 300
+    assert Decision("cancel") is Decision.CANCEL
+
+
+def test_ram_check_method_is_obeyed(tmp_path):
+    src, dst = ends()
+    src.status = dst.status = "paused"
+    for end in (src, dst):
+        end.ram_file = tmp_path / f"{end.name}.ram"
+        end.ram_file.write_bytes(bytes(8192))
+    assert asyncio.run(verify_ram(src, dst)).method == "file"
+    assert asyncio.run(verify_ram(src, dst, "digest")).method == "digest"
+    src.ram_file = None
+    v = asyncio.run(verify_ram(src, dst, "file"))
+    assert v.result == "skipped" and "ram-check=file" in (v.why or "")
+
+
+def test_observation_snapshot_matches_the_policies_own_parser():
+    """One parser: the engine's snapshot must equal Snapshot.from_query_migrate."""
+    from livemig.policy.base import Snapshot
+
+    info = {"status": "active", "cpu-throttle-percentage": 20, "ram": {
+        "dirty-sync-count": 4, "remaining": 5 << 20, "total": 1 << 30, "transferred": 9,
+        "dirty-pages-rate": 300, "page-size": 4096, "mbps": 800.0,
+        "pages-per-second": 25000}}
+    disk = {"remaining": 1, "total": 2, "ready": True, "dirty_rate": 3.0, "write_rate": 4.0}
+    assert Observation.parse(1.5, info).snapshot(disk) == Snapshot.from_query_migrate(
+        1.5, info, disk)
+
+
+def test_destination_gone_fails_cancels_and_source_runs_on():
+    src, dst = ends(statuses=["active"])
+    orig = src.cmd
+
+    async def cmd(command, **args):
+        if command == "query-migrate" and src.migrating:
+            dst.dead = True  # the destination disappears during the migration
+        return await orig(command, **args)
+
+    src.cmd = cmd  # type: ignore[method-assign]
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults").validate()))
+    assert rec.outcome == "failed" and "destination QEMU is gone" in (rec.reason or "")
+    assert src.called("migrate_cancel") and src.status == "running"
+    assert "destination" not in rec.restored  # a dead end is not talked to
+
+
+def test_dst_start_moves_what_the_source_holds(tmp_path):
+    from livemig.dststart import destination_argv
+
+    src = ["qemu", "-m", "1G", "-qmp", "unix:/run/a.qmp,server=on,wait=off",
+           "-chardev", "socket,id=ag,path=/run/a.agent,server=on,wait=off",
+           "-serial", "file:/var/log/a.console", "-daemonize", "-pidfile", "/run/a.pid",
+           "-incoming", "tcp:0:1", "-drive", "file=/img/a.qcow2,if=virtio"]
+    argv, qmp = destination_argv(src, tmp_path)
+    text = " ".join(argv)
+    for held in ("/run/a.qmp", "/run/a.agent", "/var/log/a.console", "/run/a.pid",
+                 "-daemonize", "tcp:0:1"):
+        assert held not in text
+    assert f"path={tmp_path}/dst-ag-" in text and "file=/img/a.qcow2" in text
+    assert argv[-5:] == ["-qmp", f"unix:{qmp},server=on,wait=off", "-incoming", "defer",
+                         "-S"]
+    with pytest.raises(UsageError, match="shared"):
+        destination_argv(["qemu", "-object",
+                          "memory-backend-file,id=m,mem-path=/dev/shm/x,share=on"], tmp_path)
