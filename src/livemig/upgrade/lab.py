@@ -21,6 +21,7 @@ from typing import Any
 from livemig.engine.record import MigrationRecord
 from livemig.errors import LivemigError, UsageError, VMError
 from livemig.lab.agent import AgentLink
+from livemig.lab.disk import disks, make_images
 from livemig.lab.run import LabRun, MigrateOptions
 from livemig.lab.vm import VM, Disk, VMConfig
 from livemig.progress import Progress
@@ -119,8 +120,12 @@ class UpgradeLab(LabRun):
                            f"in {self.run_dir}")
         if o.testbed:
             self._testbed_up()
-        disks, _ = self._make_disks()
-        self.src, self.src_agent = await self._launch("src", disks, incoming=False)
+        created, self._src_image, self._dst_image = make_images(
+            o.workload, "shared", self.run_dir, o.disk_size, o.disk_fill, self.state,
+            self.events, None, None)
+        self._images += created
+        self.src, self.src_agent = await self._launch("src", disks(self._src_image),
+                                                      incoming=False)
         self.progress.step(f"guest booting, workload {o.workload.text}")
         await self._wait_ready()
         if o.testbed:
