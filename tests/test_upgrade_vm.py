@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import INITRD, KERNEL, QEMU, livemig_cmd, qemu_pids
+from conftest import INITRD, KERNEL, QEMU, ROOT, livemig_cmd, qemu_pids
 from livemig.engine.endpoint import Endpoint, socket_peer_pid
+from livemig.upgrade import procfs
 
 pytestmark = pytest.mark.vm
 
@@ -110,9 +111,10 @@ def test_lab_refusal_and_fallback_migrate(tmp_path, qemu_b):
 
 
 # -- attach: a VM livemig did not start --------------------------------------------------
-def start_vm(tmp_path: Path, shared: bool) -> tuple[subprocess.Popen[bytes], Path]:
+def start_vm(tmp_path: Path, shared: bool, qemu: Path = QEMU
+             ) -> tuple[subprocess.Popen[bytes], Path]:
     qmp = tmp_path / "vm.qmp"
-    argv = [str(QEMU), "-L", "/usr/share/seabios", "-L", "/usr/share/qemu", "-nodefaults",
+    argv = [str(qemu), "-L", "/usr/share/seabios", "-L", "/usr/share/qemu", "-nodefaults",
             "-display", "none", "-accel", "tcg", "-kernel", str(KERNEL), "-initrd",
             str(INITRD), "-append", "console=ttyS0 quiet livemig.workload=idle",
             "-serial", f"file:{tmp_path / 'console'}",
@@ -186,6 +188,34 @@ def test_attach_cpr_transfer_keeps_the_qmp_socket(tmp_path, qemu_b):
         assert rep["pause_breakdown"]["qemu_pause_ms"] < 1000
     finally:
         stop_pid(new_pid)
+        proc.kill()
+        for f in Path("/dev/shm").glob(f"livemig-test-{os.getpid()}-*"):
+            f.unlink()
+
+
+STOCK = ROOT / "build" / "qemu-upstream" / "qemu-system-x86_64"
+
+
+@pytest.mark.skipif(not STOCK.exists(), reason="no stock build (make qemu-upstream)")
+def test_attach_stock_to_patched_and_back(tmp_path):
+    """One running guest: stock QEMU -> build/qemu (the patched build) -> stock again."""
+    proc, qmp = start_vm(tmp_path, shared=True, qemu=STOCK)
+    pids: list[int | None] = []
+    try:
+        for target in (QEMU, STOCK):
+            rc, rep, _ = upgrade(tmp_path, "--qmp", str(qmp), "--to-qemu", str(target))
+            assert rc == 0, rep.get("reason")
+            pid = socket_peer_pid(qmp)
+            pids.append(pid)
+            assert pid == rep["upgrade"]["new_pid"]
+            assert Path(os.readlink(f"/proc/{pid}/exe")) == target.resolve()
+            assert status(qmp) == "running"
+        proc.wait(10)
+        assert len(set(pids)) == 2
+        assert pids[0] is not None and not procfs.alive(pids[0])  # the middle one quit
+    finally:
+        for pid in pids:
+            stop_pid(pid)
         proc.kill()
         for f in Path("/dev/shm").glob(f"livemig-test-{os.getpid()}-*"):
             f.unlink()
