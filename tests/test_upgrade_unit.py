@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from livemig.cli import main
 from livemig.errors import UsageError
 from livemig.upgrade import argv as av
 from livemig.upgrade import timing
@@ -81,3 +82,16 @@ def test_trace_and_events_fold_into_a_breakdown():
     assert timing.breakdown(base, {}, {}).as_dict()["qemu_pause_ms"] is None
     lost = timing.breakdown(base - 0.05, {}, new).as_dict()  # STOP lost at exec
     assert lost["stop_event_seen"] is False and lost["qemu_pause_ms"] == 151.0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--qmp", "/nonexistent.qmp"], "--qmp /nonexistent.qmp: no such file"),
+    ([], "give either --qmp PATH"),
+    (["--qmp", "/etc/hostname", "--memory", "1G"], "only for lab runs"),
+])
+def test_upgrade_cli_bad_input_is_one_line_exit_2(args, message, capsys, tmp_path):
+    qemu = tmp_path / "qemu"
+    qemu.write_text("")
+    assert main(["upgrade", "--to-qemu", str(qemu), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

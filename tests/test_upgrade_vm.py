@@ -219,3 +219,40 @@ def test_attach_stock_to_patched_and_back(tmp_path):
         proc.kill()
         for f in Path("/dev/shm").glob(f"livemig-test-{os.getpid()}-*"):
             f.unlink()
+
+
+def test_attach_failed_upgrade_leaves_the_old_qemu_running(tmp_path):
+    """A new binary that dies at start: the old QEMU keeps the guest, running."""
+    broken = tmp_path / "qemu-broken"
+    broken.write_text("#!/bin/sh\necho 'this QEMU cannot start' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    proc, qmp = start_vm(tmp_path, shared=True)
+    try:
+        rc, rep, err = upgrade(tmp_path, "--qmp", str(qmp), "--to-qemu", str(broken))
+        assert rc == 1
+        assert rep["outcome"] == "failed" and "cannot start" in rep["reason"]
+        assert "Traceback" not in err
+        assert proc.poll() is None and socket_peer_pid(qmp) == proc.pid
+        assert status(qmp) == "running"
+    finally:
+        proc.kill()
+        for f in Path("/dev/shm").glob(f"livemig-test-{os.getpid()}-*"):
+            f.unlink()
+
+
+def test_attach_paused_vm_is_refused(tmp_path, qemu_b):
+    proc, qmp = start_vm(tmp_path, shared=True)
+    try:
+        async def pause() -> None:
+            end = Endpoint("t", qmp)
+            await end.connect(10)
+            await end.cmd("stop")
+            await end.close()
+        asyncio.run(pause())
+        rc, _, err = upgrade(tmp_path, "--qmp", str(qmp), "--to-qemu", str(qemu_b))
+        assert rc == 2 and "not running" in err
+        assert proc.poll() is None and status(qmp) == "paused"
+    finally:
+        proc.kill()
+        for f in Path("/dev/shm").glob(f"livemig-test-{os.getpid()}-*"):
+            f.unlink()

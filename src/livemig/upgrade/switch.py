@@ -152,8 +152,9 @@ class Upgrade:
         """(mode, refusal): the CPR mode, or ``migrate`` with the reason CPR is refused.
         Without ``--fallback migrate`` a refusal raises :class:`Refused`."""
         st = (await self.old.cmd("query-status")).get("status")
-        if st not in ("running", "paused"):
-            raise UsageError(f"{self.old.socket_path}: VM is {st}: not upgradable now")
+        if st != "running":
+            raise UsageError(f"{self.old.socket_path}: VM is {st}, not running: livemig "
+                             "upgrades running guests (cont it first)")
         mig = (await self.old.cmd("query-migrate")).get("status", "none")
         if mig not in ("none", "completed", "failed", "cancelled"):
             raise UsageError(f"{self.old.socket_path}: a migration is already {mig}")
