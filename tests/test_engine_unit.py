@@ -267,3 +267,14 @@ def test_dst_start_moves_what_the_source_holds(tmp_path):
     with pytest.raises(UsageError, match="shared"):
         destination_argv(["qemu", "-object",
                           "memory-backend-file,id=m,mem-path=/dev/shm/x,share=on"], tmp_path)
+
+
+def test_guardian_undoes_the_labs_disk_mirror_and_io_cap():
+    src, dst = ends(statuses=["active"])
+    src.migrating = True
+    src.commands |= {"block-job-cancel", "block_set_io_throttle"}
+    spec = {**_spec(src, dst), "block_job": "mirror0", "io_throttle_device": "disk"}
+    asyncio.run(repair_ends(src, dst, spec))
+    assert src.called("block-job-cancel") == [{"device": "mirror0", "force": True}]
+    assert src.called("block_set_io_throttle")[0]["bps_wr"] == 0
+    assert src.status == "running"

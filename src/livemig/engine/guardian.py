@@ -139,6 +139,15 @@ async def repair_ends(src: Any, dst: Any, spec: dict[str, Any]) -> dict[str, Any
             if st in RUNNABLE_PAUSED:
                 await src.cmd("cont")
                 act(f"source cont (was {st})")
+        if spec.get("block_job"):  # the lab's disk mirror
+            with contextlib.suppress(LivemigError):
+                await src.cmd("block-job-cancel", device=spec["block_job"], force=True)
+                act(f"block-job-cancel {spec['block_job']}")
+        if spec.get("io_throttle_device"):  # the lab's IO QoS cap on the guest's disk
+            with contextlib.suppress(LivemigError):
+                await src.cmd("block_set_io_throttle", id=spec["io_throttle_device"], bps=0,
+                              bps_rd=0, bps_wr=0, iops=0, iops_rd=0, iops_wr=0)
+                act("io throttle removed")
         with contextlib.suppress(LivemigError):
             if await src.has_command("cancel-cpu-throttle"):
                 await src.cmd("cancel-cpu-throttle")

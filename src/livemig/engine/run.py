@@ -75,6 +75,11 @@ class Hooks:
     def destination_dead(self) -> str | None:
         return None
 
+    def guardian_extra(self) -> dict[str, Any]:
+        """What else the guardian must undo if livemig dies (the lab: its disk mirror
+        job and the IO cap on the guest's disk)."""
+        return {}
+
     async def before_verify(self) -> None:
         return None
 
@@ -319,6 +324,7 @@ class Engine:
             "run_id": self.id,
             "original_src": self.neg.original_src.as_dict(),
             "original_dst": self.neg.original_dst.as_dict(),
+            **self.hooks.guardian_extra(),
         }
 
     def _check_interrupt(self) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from livemig import metrics, paths
+from livemig.control import GUEST_DISK
 from livemig.engine.decision import Decision
 from livemig.engine.events import EventStream, progress_listener
 from livemig.engine.observe import Observation
@@ -40,6 +41,7 @@ from livemig.lab.disk import DiskCopy, disks, make_images
 from livemig.lab.diskcheck import DiskComparison, compare_images
 from livemig.lab.faults import Fault
 from livemig.lab.leftovers import RunState, reap
+from livemig.lab.storage import JOB as MIRROR_JOB
 from livemig.lab.storage import DiskMirror
 from livemig.lab.vm import VM, Disk, VMConfig, is_migration_thread
 from livemig.policy import encoding, pinning
@@ -308,6 +310,11 @@ class LabRun(Hooks):
         if self.dst is not None and not self.dst.alive():
             return f"destination QEMU died: {self.dst.log_tail()}"
         return None
+
+    def guardian_extra(self) -> dict[str, Any]:
+        if self.opts.storage != "copy":
+            return {}
+        return {"block_job": MIRROR_JOB, "io_throttle_device": GUEST_DISK}
 
     async def before_verify(self) -> None:
         if self.disk is not None:
