@@ -143,8 +143,9 @@ class DiskMirror:
             await self.src("block-job-cancel", device=JOB)
             try:
                 while True:
-                    ev = await asyncio.wait_for(listener.get(), timeout)
-                    data = ev.get("data", {})
+                    ev: dict[str, Any] = dict(await asyncio.wait_for(listener.get(),
+                                                                      timeout))
+                    data: dict[str, Any] = dict(ev.get("data", {}))
                     if data.get("device") == JOB:
                         break
             except TimeoutError:
