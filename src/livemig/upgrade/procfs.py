@@ -22,11 +22,11 @@ def tap_fds(pid: int) -> dict[str, tuple[int, bool]]:
     base = Path(f"/proc/{pid}/fdinfo")
     try:
         entries = list(base.iterdir())
-    except OSError as e:
-        raise VMError(f"cannot read {base}: {e.strerror}") from e
-    for e in entries:
+    except OSError as err:
+        raise VMError(f"cannot read {base}: {err.strerror}") from err
+    for entry in entries:
         try:
-            text = e.read_text()
+            text = entry.read_text()
         except OSError:
             continue
         iff = flags = None
@@ -36,7 +36,7 @@ def tap_fds(pid: int) -> dict[str, tuple[int, bool]]:
             elif line.startswith("flags:"):
                 flags = int(line.split(":", 1)[1].strip(), 8)
         if iff:
-            out[iff] = (int(e.name), bool(flags is not None and flags & _O_CLOEXEC))
+            out[iff] = (int(entry.name), bool(flags is not None and flags & _O_CLOEXEC))
     return out
 
 

@@ -32,7 +32,7 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,7 +97,7 @@ class Result:
 
 
 # Called with the new QEMU's pid as soon as it exists (the lab reconnects its agent)
-Watcher = Callable[[int], Awaitable[None]]
+Watcher = Callable[[int], Coroutine[Any, Any, None]]
 
 
 async def cpr_blockers(end: Endpoint) -> list[str]:
