@@ -150,6 +150,9 @@ def _build_parser() -> argparse.ArgumentParser:
         pass
     else:
         register_testbed(sub)
+    from livemig.upgrade.cli import register as register_upgrade
+
+    register_upgrade(sub)
     return p
 
 

@@ -1,0 +1,1 @@
+"""In-place QEMU upgrade (CPR): replace a VM's QEMU process, guest RAM kept."""
