@@ -124,7 +124,7 @@ def test_dead_destination_fails_and_source_keeps_running(tmp_path):
 
 def test_livemig_profile_converges_flat_out_writer_with_direct_throttle(tmp_path):
     """A writer far faster than the link: stock pre-copy never finishes (see the abort
-    test); the reference throttle through the patched knob makes it converge.
+    test); the reference throttle through the patched set-cpu-throttle makes it converge.
 
     Uniform writes and xbzrle off: with a hot set, xbzrle alone sometimes converges
     it on a fast machine, and then the test would not be about the throttle."""
@@ -178,7 +178,7 @@ def test_lz4_delta_multifd_is_consistent(tmp_path):
 def test_hot_page_deferral_is_consistent(tmp_path):
     r = run_migrate(tmp_path, "--memory", MEM, "--workload", "mem:size=320M,rate=160M",
                     "--bandwidth", "128M", "--profile", "livemig",
-                    "--set", "hot-page-defer-percent=30", "--max-time", "150")
+                    "--set", "x-hot-page-defer-percent=30", "--max-time", "150")
     rep = r.report
     assert r.rc == 0, rep.get("reason")
     assert rep["consistency"]["ram"] == "ok"
@@ -188,11 +188,11 @@ def test_hot_page_deferral_is_consistent(tmp_path):
 
 
 def test_issue4_done_when_lz4_and_deferral_together(tmp_path):
-    """`livemig migrate --set multifd-compression=lz4 --set hot-page-defer-percent=30`
+    """`livemig migrate --set multifd-compression=lz4 --set x-hot-page-defer-percent=30`
     (the series' acceptance command): lz4 implies multifd; consistent."""
     r = run_migrate(tmp_path, "--memory", MEM, "--workload", "mem:size=256M,rate=96M",
                     "--bandwidth", "96M", "--set", "multifd-compression=lz4",
-                    "--set", "hot-page-defer-percent=30", "--max-time", "150")
+                    "--set", "x-hot-page-defer-percent=30", "--max-time", "150")
     rep = r.report
     assert r.rc == 0, rep.get("reason")
     assert rep["consistency"]["ram"] == "ok"

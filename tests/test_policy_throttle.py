@@ -128,12 +128,11 @@ def test_controller_survives_a_migration_that_ended_under_it():
 
     events = []
     c = Controller({"throttle": "reference", "on-stall": "force"},
-                   {"cpu-throttle-direct": 0}, "tcg", 300,
-                   lambda what, data: events.append(what))
+                   {}, "tcg", 300, lambda what, data: events.append(what),
+                   qemu_commands={"set-cpu-throttle", "cancel-cpu-throttle"})
 
     async def refusing(*_args, **_kw):
-        raise VMError("src: migrate-set-parameters: cpu-throttle-direct can only be set "
-                      "while a migration is running")
+        raise VMError("src: set-cpu-throttle: no outgoing migration is running")
 
     trace = [snap(0, 1, 900 * MB), snap(1, 2, 100 * MB), snap(2, 3, 99 * MB)]
 

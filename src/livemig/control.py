@@ -4,7 +4,7 @@ actions over QMP. Every action is logged with its reason and goes to the timelin
 livemig settings it reads (``--set``):
 
 - ``throttle``: ``off`` | ``auto-converge`` (QEMU's own) | ``reference`` | ``direct``
-  | ``staged`` (livemig's, through the patched direct throttle knob) |
+  | ``staged`` (livemig's, through the patched QEMU's ``set-cpu-throttle``) |
   ``dirty-limit`` (QEMU's per-vCPU dirty limit; KVM with a dirty ring only).
 - ``downtime-ramp``: on/off; ``max-downtime``: ceiling in ms.
 - ``on-stall``: ``force`` | ``abort`` | ``postcopy`` when the strategy is exhausted.
@@ -17,7 +17,7 @@ livemig settings it reads (``--set``):
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict
 from typing import Any
 
@@ -43,8 +43,12 @@ from livemig.storage import JOB as MIRROR_JOB
 
 log = logging.getLogger(__name__)
 
-# The patched QEMU's direct throttle knob (qemu/patches): a lease, renewed every poll.
-DIRECT_KNOB = "cpu-throttle-direct"
+# The patched QEMU's throttle commands (qemu/patches): set-cpu-throttle is a lease,
+# renewed every poll (poll-interval 0.25 s: four polls may be missed before it ends);
+# cancel-cpu-throttle drops it. Either leaves auto-converge's own throttle alone.
+THROTTLE_SET = "set-cpu-throttle"
+THROTTLE_CANCEL = "cancel-cpu-throttle"
+THROTTLE_LEASE_MS = 1000
 THROTTLES = ("off", "auto-converge", "reference", "direct", "staged", "dirty-limit")
 # the guest disk's QOM path (livemig.vm: -device virtio-blk-pci,id=vdisk0; the block
 # backend hangs off the inner virtio device)
@@ -56,9 +60,11 @@ Command = Callable[..., Awaitable[Any]]
 class Controller:
     def __init__(self, settings: dict[str, Any], qemu_params: dict[str, Any], accel: str,
                  downtime_ms: int, record: Callable[[str, dict[str, Any]], None],
-                 disk_link: float | None = None, ram_cap: int | None = None) -> None:
+                 disk_link: float | None = None, ram_cap: int | None = None,
+                 qemu_commands: Collection[str] = ()) -> None:
         """``disk_link``: bytes/s of the link when the disk is copied (None: no disk
-        policies); ``ram_cap``: an explicit --bandwidth."""
+        policies); ``ram_cap``: an explicit --bandwidth; ``qemu_commands``: the
+        source's QMP commands (``query-commands``)."""
         self.record = record
         self.throttle_mode = str(settings.get("throttle", "off"))
         if self.throttle_mode not in THROTTLES:
@@ -69,9 +75,9 @@ class Controller:
                              f"uses {accel} (use reference, staged or auto-converge)")
         self.policies: list[Policy] = []
         if self.throttle_mode in ("reference", "direct", "staged"):
-            if DIRECT_KNOB not in qemu_params:
+            if THROTTLE_SET not in qemu_commands:
                 raise UsageError(f"throttle={self.throttle_mode} needs the patched QEMU's "
-                                 f"{DIRECT_KNOB} parameter; this QEMU lacks it")
+                                 f"{THROTTLE_SET} command; this QEMU lacks it")
             self.policies.append(ThrottlePolicy(self.throttle_mode))
         if settings.get("downtime-ramp"):
             self.policies.append(DowntimeRamp(downtime_ms, int(settings["max-downtime"])))
@@ -101,23 +107,33 @@ class Controller:
         for a in actions:
             await self.apply(a, cmd)
         if self.throttle_pct and not any(isinstance(a, SetThrottle) for a in actions):
-            await self._set(cmd, **{DIRECT_KNOB: self.throttle_pct})  # renew the lease
+            await self._throttle(cmd, self.throttle_pct)  # renew the lease
 
     async def _set(self, cmd: Command, **params: Any) -> None:
-        """Set parameters; the migration may have ended since the last poll, in which
-        case QEMU refuses the throttle knob: that is not a failure of the run."""
+        """Set parameters; a refusal (the migration may have ended since the last
+        poll) is recorded, not a failure of the run."""
         try:
             await cmd("migrate-set-parameters", **params)
         except VMError as e:
             log.info("parameters not set (migration ended?): %s", e)
             self.record("action not applied", {"params": params, "error": str(e)})
 
+    async def _throttle(self, cmd: Command, percent: int) -> None:
+        """Set (or renew) the throttle's lease; 0 cancels it. The migration may have
+        ended since the last poll, in which case QEMU refuses: not a failure of the
+        run (QEMU dropped the throttle itself)."""
+        if percent:
+            await self._try(cmd, THROTTLE_SET, percent=percent,
+                            **{"lease-ms": THROTTLE_LEASE_MS})
+        else:
+            await self._try(cmd, THROTTLE_CANCEL)
+
     async def apply(self, a: Action, cmd: Command) -> None:
         log.info("policy action %s", a)
         self.record(f"action {type(a).__name__}", asdict(a))
         if isinstance(a, SetThrottle):
             self.throttle_pct = a.percent
-            await self._set(cmd, **{DIRECT_KNOB: a.percent})
+            await self._throttle(cmd, a.percent)
         elif isinstance(a, SetDowntimeLimit):
             await self._set(cmd, **{"downtime-limit": a.ms})
         elif isinstance(a, ForceSwitchover):
@@ -152,7 +168,7 @@ class Controller:
         clears the throttle itself; the IO cap would stay on a source that runs on)."""
         if self.throttle_pct:
             self.throttle_pct = 0
-            await self._set(cmd, **{DIRECT_KNOB: 0})
+            await self._throttle(cmd, 0)
         if self.io_cap:
             self.io_cap = 0
             self.record("io cap removed", {})

@@ -583,6 +583,7 @@ class Migration:
     async def _make_controller(self) -> None:
         assert self.src is not None
         params = await self.src.cmd("query-migrate-parameters")
+        commands = {c["name"] for c in await self.src.cmd("query-commands")}
         o = self.opts
         link = None
         if o.storage == "copy" and o.testbed and o.link is not None:
@@ -591,7 +592,7 @@ class Migration:
             self.resolved.livemig, params, o.accel,
             int(params.get("downtime-limit", 300)),
             lambda what, data: self.event(what, **data),
-            disk_link=link, ram_cap=o.bandwidth)
+            disk_link=link, ram_cap=o.bandwidth, qemu_commands=commands)
 
     async def _control(self, now: float, info: dict[str, Any]) -> str | None:
         """Let the policies act; return a reason to cancel if one decided to abort."""

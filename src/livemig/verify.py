@@ -49,7 +49,7 @@ COMBINATIONS: dict[str, Combination] = {
     "lz4": Combination({"multifd-compression": "lz4", "multifd-channels": "2"}),
     "lz4-bypass": Combination({"multifd-compression": "lz4", "multifd-channels": "2",
                                "multifd-compress-bypass-percent": "60"}),
-    "hot-page-defer": Combination({"hot-page-defer-percent": "30"}, bandwidth=48 << 20),
+    "hot-page-defer": Combination({"x-hot-page-defer-percent": "30"}, bandwidth=48 << 20),
     "direct-throttle": Combination({"throttle": "direct"}, bandwidth=24 << 20),
     "storage-copy": Combination(storage="copy"),
     "plain-unshaped": Combination(link=None),

@@ -56,7 +56,7 @@ class Action:
 
 @dataclass(frozen=True)
 class SetThrottle(Action):
-    percent: int  # 0..99, via the direct throttle knob (lease renewed by the executor)
+    percent: int  # 0..99, via set-cpu-throttle (lease renewed by the executor)
 
 
 @dataclass(frozen=True)
