@@ -28,8 +28,9 @@ SMALL_DELTA = 0.15  # share of a page's bytes that change in a "small" rewrite
 COMPRESSIBLE = 1.4  # zlib-1 ratio from which compression pays (lz4 gets ~0.9 of it)
 MIN_SAMPLES = 16
 
+# a --set of any of these: no automatic choice
 KEYS = frozenset({"xbzrle", "xbzrle-cache-size", "multifd", "multifd-channels",
-                  "multifd-compression", "x-multifd-lz4-delta-cache-size"})  # a --set of any of these: no automatic choice
+                  "multifd-compression", "x-multifd-lz4-delta-cache-size"})
 ENCODINGS: dict[str, dict[str, str]] = {
     "xbzrle": {"xbzrle": "on", "xbzrle-cache-size": "256M", "multifd": "off"},
     "lz4": {"multifd": "on", "multifd-channels": "2", "multifd-compression": "lz4",
