@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from livemig.policy.encoding import ENCODINGS, KEYS, changed_share, choose
+from livemig.settings import resolve
 
 rng = random.Random(7)
 TEXT = (b"INSERT INTO orders VALUES (42, 'widget', 3.50); " * 100)[:4096]
@@ -44,3 +45,16 @@ def test_changed_share_and_settings():
     for enc in ENCODINGS.values():
         assert set(enc) <= KEYS
     assert ENCODINGS["lz4"]["multifd-compression"] == "lz4"
+
+
+def test_lz4_delta_is_lz4_multifd_with_the_delta_cache():
+    enc = ENCODINGS["lz4-delta"]
+    assert enc["multifd"] == "on" and enc["xbzrle"] == "off"
+    assert enc["multifd-compression"] == "lz4"
+    assert enc["x-multifd-lz4-delta-cache-size"] == "256M"
+    # the patched QEMU reports the parameter as a size: --set takes 256M
+    r = resolve({"encoding": "lz4-delta", **enc}, {"multifd": False, "xbzrle": False},
+                {"multifd-compression": "none", "multifd-channels": 2,
+                 "x-multifd-lz4-delta-cache-size": 0})
+    assert r.livemig["encoding"] == "lz4-delta"
+    assert r.parameters["x-multifd-lz4-delta-cache-size"] == 256 << 20

@@ -75,9 +75,12 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                                     "concurrent: both at once"),
     "io-qos": LivemigSetting(False, _onoff, "cap guest disk writes while the disk "
                              "remainder does not shrink"),
-    "encoding": LivemigSetting("off", _choice("off", "auto", "xbzrle", "lz4", "plain"),
+    "encoding": LivemigSetting("off", _choice("off", "auto", "xbzrle", "lz4", "lz4-delta",
+                                              "plain"),
                                "stream encoding: auto (from a sample of the pages the "
-                               "guest rewrites), xbzrle, lz4, plain, or off (as set)"),
+                               "guest rewrites), xbzrle, lz4, lz4-delta (lz4 multifd "
+                               "with delta encoding of re-sent pages), plain, or off "
+                               "(as set)"),
     "pin": LivemigSetting("off", _choice("off", "auto", "on"),
                           "pin the source's migration threads away from its vCPUs "
                           "(auto: only with a spare host CPU)"),

@@ -11,6 +11,10 @@ random pages a moment apart, straight from the shared RAM backing file):
   ``lz4`` multifd (patch 2/4), 7× the speed of zlib-1 at a similar ratio;
 - the content does not compress (encrypted, already compressed): ``plain`` multifd,
   compression would burn CPU for nothing.
+
+``lz4-delta`` (selected by name only, ``--set encoding=lz4-delta``; the patched QEMU's
+``x-multifd-lz4-delta-cache-size``) gives the small-write case both: pages sent again
+go as XOR deltas against their last sent version, inside the lz4 multifd channels.
 """
 
 from __future__ import annotations
@@ -24,14 +28,18 @@ SMALL_DELTA = 0.15  # share of a page's bytes that change in a "small" rewrite
 COMPRESSIBLE = 1.4  # zlib-1 ratio from which compression pays (lz4 gets ~0.9 of it)
 MIN_SAMPLES = 16
 
+# a --set of any of these: no automatic choice
 KEYS = frozenset({"xbzrle", "xbzrle-cache-size", "multifd", "multifd-channels",
-                  "multifd-compression"})  # a --set of any of these: no automatic choice
+                  "multifd-compression", "x-multifd-lz4-delta-cache-size"})
 ENCODINGS: dict[str, dict[str, str]] = {
     "xbzrle": {"xbzrle": "on", "xbzrle-cache-size": "256M", "multifd": "off"},
     "lz4": {"multifd": "on", "multifd-channels": "2", "multifd-compression": "lz4",
             "xbzrle": "off"},
     "plain": {"multifd": "on", "multifd-channels": "2", "multifd-compression": "none",
               "xbzrle": "off"},
+    # lz4 multifd with delta encoding of re-sent pages (QEMU patch: multifd lz4 delta)
+    "lz4-delta": {"multifd": "on", "multifd-channels": "2", "multifd-compression": "lz4",
+                  "x-multifd-lz4-delta-cache-size": "256M", "xbzrle": "off"},
 }
 
 
