@@ -110,25 +110,8 @@ t_all=$SECONDS
 # ---- fetch: apt-get source with a private sources list ----------------------------
 # The archive URI is taken from this machine's own apt configuration; the machine's
 # apt state (lists, package caches) is not touched.
-debian_uri() {
-    local f=/etc/apt/sources.list.d/debian.sources uri=
-    if [[ -f $f ]]; then
-        # first deb822 stanza whose Suites has a main suite (no -security/-updates)
-        uri=$(awk 'BEGIN { RS = "" } {
-                u = ""; m = 0; n = split($0, L, "\n")
-                for (i = 1; i <= n; i++) {
-                    if (L[i] ~ /^URIs:/) { split(L[i], w, /[ \t]+/); u = w[2] }
-                    if (L[i] ~ /^Suites:/) { k = split(L[i], s, /[ \t]+/)
-                        for (j = 2; j <= k; j++) if (s[j] !~ /-/) m = 1 }
-                }
-                if (u != "" && m) { print u; exit }
-            }' "$f")
-    fi
-    if [[ -z $uri && -f /etc/apt/sources.list ]]; then
-        uri=$(awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i !~ /\]$/) { print $i; exit } }' /etc/apt/sources.list)
-    fi
-    echo "$uri"
-}
+# shellcheck source=scripts/debian-uri.sh
+. "$root/scripts/debian-uri.sh"   # debian_uri: the archive URI this machine's apt uses
 
 sha_ok() { [[ -f $tarball ]] && echo "$QEMU_ORIG_SHA256  $tarball" | sha256sum -c --status 2>/dev/null; }
 

@@ -10,7 +10,7 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from livemig import __version__
 from livemig.accel import choose_accel
@@ -281,11 +281,18 @@ def _attach_plan(a: argparse.Namespace) -> Plan:
 
 
 def _finish_migrate(a: argparse.Namespace, report: dict[str, object], logs: str) -> int:
-    if a.report:
-        write_report(report, a.report)
-    print(summary(report))
-    if a.report:
-        print(f"report           {a.report}")
+    return finish_run(report, a.report, summary(report), logs)
+
+
+def finish_run(report: dict[str, Any], path: Path | None, text: str, logs: str = "") -> int:
+    """Write the report, print the summary, and map the outcome to the exit status
+    (0 completed and consistent, 1 failed, 3 aborted, 4 a consistency mismatch); the
+    same for lab, attach and libvirt runs."""
+    if path:
+        write_report(report, path)
+    print(text)
+    if path:
+        print(f"report           {path}")
     if report["outcome"] == "failed":
         print(f"livemig: migration failed: {report['reason']}{logs}", file=sys.stderr)
         return 1
@@ -293,7 +300,7 @@ def _finish_migrate(a: argparse.Namespace, report: dict[str, object], logs: str)
         return EXIT_ABORTED
     cons = report["consistency"]
     assert isinstance(cons, dict)
-    if "mismatch" in (cons["ram"], cons["disk"], cons["guest"]):
+    if "mismatch" in (cons.get("ram"), cons.get("disk"), cons.get("guest")):
         return EXIT_MISMATCH
     return 0
 

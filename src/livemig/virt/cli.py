@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
 from livemig.errors import FaultInjectionRefused, UsageError
 from livemig.progress import Progress
-from livemig.report import write_report
 from livemig.settings import merge, parse_sets
 from livemig.units import parse_size
 from livemig.virt import record
 from livemig.virt.plan import Request
 from livemig.virt.run import DomainOptions, run_domain_migration
 
-EXIT_ABORTED = 3
-EXIT_MISMATCH = 4
 # options of a lab run (livemig boots the guest) that mean nothing for a domain
 LAB_ONLY = ("memory", "vcpus", "workload", "link", "qemu", "accel", "disk_size",
             "disk_fill", "keep_run_dir", "run_id")
@@ -67,16 +63,6 @@ def cmd_migrate_domain(a: argparse.Namespace, defaults: dict[str, Any]) -> int:
     opts = options(a, defaults)
     run = run_domain_migration(opts, Progress(enabled=not a.quiet))
     rep = record.build(run)
-    if a.report:
-        write_report(rep, a.report)
-    print(record.summary(rep))
-    if a.report:
-        print(f"report           {a.report}")
-    if rep["outcome"] == "failed":
-        print(f"livemig: migration failed: {rep['reason']}", file=sys.stderr)
-        return 1
-    if rep["outcome"] == "aborted":
-        return EXIT_ABORTED
-    if "mismatch" in (rep["consistency"]["ram"], rep["consistency"]["disk"]):
-        return EXIT_MISMATCH
-    return 0
+    from livemig.cli import finish_run  # the CLI imports this module lazily
+
+    return finish_run(rep, a.report, record.summary(rep))
