@@ -280,10 +280,6 @@ def _attach_plan(a: argparse.Namespace) -> Plan:
                 max_time=a.max_time, verify=not a.no_verify, accel="kvm").validate()
 
 
-def _finish_migrate(a: argparse.Namespace, report: dict[str, object], logs: str) -> int:
-    return finish_run(report, a.report, summary(report), logs)
-
-
 def finish_run(report: dict[str, Any], path: Path | None, text: str, logs: str = "") -> int:
     """Write the report, print the summary, and map the outcome to the exit status
     (0 completed and consistent, 1 failed, 3 aborted, 4 a consistency mismatch); the
@@ -328,7 +324,8 @@ def cmd_attach(a: argparse.Namespace) -> int:
             progress.close()
         return build_report(rec, facts)
 
-    return _finish_migrate(a, asyncio.run(go()), "")
+    report = asyncio.run(go())
+    return finish_run(report, a.report, summary(report))
 
 
 async def _run_migration(mig: LabRun) -> None:
@@ -352,7 +349,8 @@ def cmd_migrate(a: argparse.Namespace) -> int:
     ensure_root()
     mig = LabRun(opts, Progress(enabled=not a.quiet))
     asyncio.run(_run_migration(mig))
-    return _finish_migrate(a, mig.report(), f" (logs: {mig.run_dir})")
+    report = mig.report()
+    return finish_run(report, a.report, summary(report), f" (logs: {mig.run_dir})")
 
 
 def cmd_bench(a: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -149,11 +150,10 @@ def spread_pct(samples: Sequence[WorkSample], start: float, end: float,
     rates = [r for _, r in series]
     if len(rates) < 2:
         return None
-    mean = sum(rates) / len(rates)
+    mean = statistics.fmean(rates)
     if mean <= 0:
         return None
-    var = sum((r - mean) ** 2 for r in rates) / (len(rates) - 1)
-    return round(100.0 * var ** 0.5 / mean, 1)
+    return round(100.0 * statistics.stdev(rates) / mean, 1)
 
 
 def workload_stats(

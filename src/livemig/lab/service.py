@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from livemig import metrics
 from livemig.errors import UsageError, VMError
 from livemig.lab.leftovers import RunState
 from livemig.services import guest as service_guest
@@ -106,10 +105,10 @@ class ServiceRun:
         assert self.load is not None
         wl = client_workload(self.load.series, service_guest.unit(self.svc), t_ready,
                              t_migrate, t_end, hold)
-        wl["after_switchover_pct"] = self._after_switchover_pct(t_ready, t_migrate, t_cont)
+        wl["after_switchover_pct"] = self._after_switchover_pct(wl["baseline_rate"], t_cont)
         return wl
 
-    def _after_switchover_pct(self, t_ready: float, t_migrate: float,
+    def _after_switchover_pct(self, base: float | None,
                               t_cont: float | None) -> float | None:
         """The rate the service came back to after the guest resumed on the
         destination, in % of normal: the best RECOVERY_S-second stretch (its median)
@@ -118,7 +117,6 @@ class ServiceRun:
         service that never recovers has no good stretch."""
         if self.load is None or t_cont is None:
             return None
-        base = metrics.average_rate(self.samples(), t_ready, t_migrate)
         ticks = [tk.ops for tk in self.load.series.ticks if tk.t > t_cont + 1.0]
         if not base or not ticks:
             return None

@@ -3,7 +3,6 @@ booted with the lab's kernel and initramfs, its load generator on the client hos
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -22,7 +21,7 @@ def image_path(svc: ServiceLoad) -> Path:
     return paths.build_dir() / "guest" / "rootfs" / f"{svc.image}{suffix}.img"
 
 
-def ensure_image(svc: ServiceLoad, say: object = print) -> Path:
+def ensure_image(svc: ServiceLoad) -> Path:
     """Build the service's rootfs image if it is missing or stale (cached by key;
     a no-op when nothing changed)."""
     script = paths.repo_root() / "guest" / "rootfs" / "build.sh"
@@ -44,10 +43,7 @@ def ensure_image(svc: ServiceLoad, say: object = print) -> Path:
 def copy_image(src: Path, dst: Path) -> None:
     """A run's private copy of the image (sparse)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    if shutil.which("cp"):
-        subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True)
-    else:  # pragma: no cover
-        shutil.copyfile(src, dst)
+    subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True)
 
 
 def kernel_append() -> str:
