@@ -99,9 +99,13 @@ def test_codecs_are_measured_on_the_pages():
     assert m["lz4"].speed > 0 and m["zstd"].speed > 0
 
 
-def test_too_few_samples_fall_back_to_the_default():
+def test_a_guest_that_hardly_writes_is_encoded_for_its_first_pass():
     c = choose([(b"a" * 4096, b"b" * 4096)])
-    assert c.encoding == "xbzrle" and "only 1" in c.reason
+    assert c.encoding == "plain" and "only 1" in c.reason  # nothing to compress seen
+    pages = [TEXT[i:] + TEXT[:i] for i in range(40)]
+    ctx = Context(link_rate=1e9 / 8, codecs=frozenset({"zstd", "lz4", "plain"}))
+    c = choose([], ctx, pages)
+    assert c.encoding in ("zstd", "lz4") and "40 non-zero pages" in c.reason
 
 
 def test_changed_share_and_settings():

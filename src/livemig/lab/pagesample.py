@@ -19,9 +19,10 @@ def _read(path: Path, offsets: list[int]) -> list[bytes]:
 
 
 async def rewritten_pages(path: Path, pages: int = 4096, interval: float = 0.5,
-                          seed: int = 1) -> list[tuple[bytes, bytes]]:
+                          seed: int = 1) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
     """Look at ``pages`` random non-zero pages twice, ``interval`` apart; return the
-    (before, after) pairs of those that changed."""
+    (before, after) pairs of those that changed, and the non-zero pages of the first
+    look (what the first pass will send)."""
     size = path.stat().st_size
     rng = random.Random(seed)
     offsets = sorted({rng.randrange(size // PAGE) * PAGE for _ in range(pages * 2)})
@@ -30,4 +31,5 @@ async def rewritten_pages(path: Path, pages: int = 4096, interval: float = 0.5,
     keep = [(o, b) for o, b in zip(offsets, before, strict=True) if b != zero][:pages]
     await asyncio.sleep(interval)
     after = await asyncio.to_thread(_read, path, [o for o, _ in keep])
-    return [(b, a) for (_, b), a in zip(keep, after, strict=True) if a != b]
+    pairs = [(b, a) for (_, b), a in zip(keep, after, strict=True) if a != b]
+    return pairs, [b for _, b in keep]

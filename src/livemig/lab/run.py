@@ -418,9 +418,9 @@ class LabRun(Hooks):
             self.event("encoding not chosen", reason=f"set explicitly: {', '.join(given)}")
             return
         if want == "auto":
-            pairs = await pagesample.rewritten_pages(self.src.config.mem_path)
+            pairs, pages = await pagesample.rewritten_pages(self.src.config.mem_path)
             choice = await asyncio.to_thread(encoding.choose, pairs,
-                                             await self._encoding_context())
+                                             await self._encoding_context(), pages)
         elif want in encoding.ENCODINGS:
             choice = encoding.Choice(want, "set explicitly")
         else:

@@ -157,12 +157,19 @@ def delta_cache(ctx: Context) -> int:
 
 
 def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
-           default: str = "xbzrle") -> Choice:
-    """``pairs``: (before, after) of pages that changed between two looks."""
+           pages: list[bytes] | None = None) -> Choice:
+    """``pairs``: (before, after) of pages that changed between two looks; ``pages``:
+    the non-zero pages seen (what the first pass sends). A guest that rewrites too
+    little to judge deltas is encoded for its first pass: the fastest codec on its
+    pages, or plain multifd (zero pages are found by the channels) when none is seen."""
     ctx = ctx or Context()
     if len(pairs) < MIN_SAMPLES:
-        return Choice(default, f"only {len(pairs)} rewritten pages seen: default {default}",
-                      samples=len(pairs))
+        facts = f"only {len(pairs)} rewritten pages seen"
+        if not pages or len(pages) < MIN_SAMPLES:
+            return Choice("plain", f"{facts}, {len(pages or [])} non-zero: plain multifd",
+                          samples=len(pairs))
+        return _fastest_codec(pages, ctx, f"{facts}; {len(pages)} non-zero pages",
+                              None, len(pairs))
     share = statistics.median(changed_share(a, b) for a, b in pairs)
     ratio = statistics.median(len(b) / max(1, len(zlib.compress(b, 1))) for _, b in pairs)
     facts = (f"{len(pairs)} rewritten pages: median {100 * share:.1f}% of bytes changed, "
@@ -174,13 +181,19 @@ def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
                           "cache (half the guest's RAM)", share, ratio, len(pairs),
                           settings={DELTA_KEY: f"{cache >> 20}M"})
         return Choice("xbzrle", f"{facts}: small deltas", share, ratio, len(pairs))
-    codecs = measure_codecs([b for _, b in pairs], ctx.codecs)
+    return _fastest_codec([b for _, b in pairs], ctx, f"{facts}: whole pages", share,
+                          len(pairs))
+
+
+def _fastest_codec(pages: list[bytes], ctx: Context, facts: str, share: float | None,
+                   samples: int) -> Choice:
+    codecs = measure_codecs(pages, ctx.codecs)
     name, rates = fastest(codecs, ctx)
+    ratio = statistics.median(len(b) / max(1, len(zlib.compress(b, 1))) for b in pages)
     link = f"{(ctx.link_rate or UNSHAPED) * 8 / 1e6:.0f} Mbit/s"
     why = ", ".join(f"{n} {r / 2**20:.0f}" for n, r in sorted(rates.items()))
-    return Choice(name, f"{facts}: whole pages; MiB/s of pages at {link} and "
-                  f"{ctx.cpus:g} CPU: {why}", share, ratio, len(pairs),
-                  page_rates=rates)
+    return Choice(name, f"{facts}; MiB/s of pages at {link} and {ctx.cpus:g} CPU: {why}",
+                  share, ratio, samples, page_rates=rates)
 
 
 def host_available() -> int | None:
