@@ -431,7 +431,8 @@ class LabRun(Hooks):
         self._wanted.update(applied)
         self.encoding = {"encoding": choice.encoding, "reason": choice.reason,
                          "changed_share": choice.changed_share, "zlib_ratio": choice.ratio,
-                         "samples": choice.samples, "applied": applied}
+                         "samples": choice.samples, "applied": applied,
+                         "page_rates": {k: round(v) for k, v in choice.page_rates.items()}}
         self.event("encoding chosen", **self.encoding)
         self.progress.step(f"stream encoding {choice.encoding}: {choice.reason}")
 
