@@ -418,9 +418,10 @@ class LabRun(Hooks):
             self.event("encoding not chosen", reason=f"set explicitly: {', '.join(given)}")
             return
         if want == "auto":
-            pairs, pages = await pagesample.rewritten_pages(self.src.config.mem_path)
-            choice = await asyncio.to_thread(encoding.choose, pairs,
-                                             await self._encoding_context(), pages)
+            sample = await pagesample.rewritten_pages(self.src.config.mem_path)
+            ctx = await self._encoding_context()
+            choice = await asyncio.to_thread(encoding.choose, sample.pairs, ctx, sample.pages,
+                                             sample.nonzero_share, sample.interval)
         elif want in encoding.ENCODINGS:
             choice = encoding.Choice(want, "set explicitly")
         else:
