@@ -71,7 +71,7 @@ def test_livemig_profile_on_stock_qemu_falls_back_to_auto_converge() -> None:
 def test_livemig_profile_on_patched_qemu_uses_the_direct_throttle(
         qemu: P.QemuInfo, knob: str) -> None:
     p = plan_for("livemig", qemu=qemu)
-    assert p.throttle == "reference" and p.throttle_knob == knob
+    assert p.throttle == "converge" and p.throttle_knob == knob
     assert not p.flags & P.AUTO_CONVERGE
 
 
