@@ -54,6 +54,7 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("dst_load_ms", "destination load after source done (ms)"),
     ("ram_complete_ms", "RAM save in the final pause (ms)"),
     ("mig_cpu_s_per_gib", "migration-thread CPU (s per GiB)"),
+    ("dst_cpu_s_per_gib", "destination QEMU CPU (s per GiB)"),
     ("sent_mib", "RAM sent (MiB)"),
     ("rounds", "rounds (dirty syncs)"),
     ("boot_s", "QEMU exec -> guest agent ready (s)"),
@@ -67,7 +68,8 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
     gib = (s.get("memory") or 0) / GIB
     tr = report.get("qemu_trace") or {}
     steps = tr.get("downtime_steps_ms") or {}
-    cpu = (report.get("cpu_seconds") or {}).get("source_migration_threads")
+    cpus = report.get("cpu_seconds") or {}
+    cpu = cpus.get("source_migration_threads")
     sent = report.get("ram_transferred_bytes")
     boot = next((e.get("boot_s") for e in report.get("events") or []
                  if e.get("event") == "guest ready"), None)
@@ -88,6 +90,10 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
         "sent_mib": round(sent / (1 << 20), 1) if sent is not None else None,
         "rounds": report.get("rounds"),
         "boot_s": boot,
+        "dst_cpu_s_per_gib": (round(cpus["destination"] / gib, 3)
+                              if cpus.get("destination") is not None and gib else None),
+        "encoding": (report.get("encoding") or {}).get("encoding"),
+        "multifd": ((s.get("capabilities") or {}).get("multifd")),
         "downtime_steps_ms": steps,
         "syncs": tr.get("syncs"),
     }
@@ -96,10 +102,13 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
 def migrate(size_g: int, profile: str, workload: str, link: str, work: Path,
             max_time: float) -> dict[str, Any]:
     """One ``livemig migrate`` run; its figures (or the failure)."""
-    report = work / f"r-{size_g}g-{profile}-{int(time.time() * 1000)}.json"
+    report = work / f"r-{size_g}g-{profile.replace(':', '_')}-{int(time.time() * 1000)}.json"
+    base, _, sets = profile.partition(":")
     argv = [str(LIVEMIG), "migrate", "-q", "--memory", f"{size_g}G", "--workload", workload,
-            "--link", link, "--profile", profile, "--qemu", str(PROFILES[profile]),
+            "--link", link, "--profile", base, "--qemu", str(PROFILES[base]),
             "--qemu-trace", "bitmap", "--max-time", str(max_time), "--report", str(report)]
+    for kv in filter(None, sets.split("+")):
+        argv += ["--set", kv]
     env = dict(os.environ)
     env.setdefault("LIVEMIG_TESTBED_WAIT", "1800")
     t0 = time.time()
@@ -310,7 +319,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--idle-repeats", type=int, default=1, help="idle series (0: none)")
     p.add_argument("--link", default="10gbit", help="testbed link (or 'local')")
     p.add_argument("--workload", default=WRITER)
-    p.add_argument("--profiles", default="upstream,livemig")
+    p.add_argument("--profiles", default="upstream,livemig,livemig:encoding=lz4",
+                   help="profiles; PROFILE:key=value+key=value adds --set options")
+    p.add_argument("--exclude", default="16:livemig",
+                   help="SIZE:PROFILE pairs not to run (default: the livemig profile's xbzrle "
+                   "path touches every destination page, 16 GiB on both ends is over the "
+                   "host's budget)")
     p.add_argument("--prealloc", default="0,1,2", help="prealloc-threads to time (0 = off)")
     p.add_argument("--start-repeats", type=int, default=1)
     p.add_argument("--max-time", type=float, default=900.0)
@@ -324,6 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = [int(s) for s in a.sizes.split(",")]
     profiles = a.profiles.split(",")
     skip = set(a.skip.split(",")) - {""}
+    exclude = set(a.exclude.split(",")) - {""}
     data: dict[str, Any] = {"meta": {}, "runs": [], "starts": []}
     if a.resume and a.out.with_suffix(".json").exists():
         data = json.loads(a.out.with_suffix(".json").read_text())
@@ -344,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for series, workload, rep in plan:
         for size in sizes:
             for profile in profiles if rep % 2 == 0 else list(reversed(profiles)):
-                if have(series, size, profile, rep):
+                if have(series, size, profile, rep) or f"{size}:{profile}" in exclude:
                     continue
                 r = migrate(size, profile, workload, a.link, work, a.max_time)
                 r.update(series=series, repeat=rep)
