@@ -195,6 +195,27 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def sync_by_size(runs: Sequence[dict[str, Any]]) -> dict[int, list[float]]:
+    """Every traced bitmap sync's duration (ms), by guest size."""
+    out: dict[int, list[float]] = {}
+    for r in runs:
+        for sync in r.get("syncs") or []:
+            if isinstance(sync.get("ms"), (int, float)):
+                out.setdefault(int(r["size_gib"]), []).append(float(sync["ms"]))
+    return out
+
+
+def sync_slope(pooled: dict[int, list[float]]) -> float | None:
+    """ms per GiB: least-squares slope of the per-size medians."""
+    pts = [(float(k), statistics.median(v)) for k, v in pooled.items() if v]
+    if len(pts) < 2:
+        return None
+    mx = statistics.fmean(x for x, _ in pts)
+    my = statistics.fmean(y for _, y in pts)
+    den = sum((x - mx) ** 2 for x, _ in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / den if den else None
+
+
 def aggregate_starts(starts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     keys = sorted({(s["size_gib"], s["prealloc_threads"]) for s in starts})
     rows = []
@@ -225,16 +246,27 @@ def markdown(data: dict[str, Any]) -> str:
            f"{meta.get('repeats', '?')} interleaved runs (idle series: "
            f"{meta.get('idle_repeats', 0)}).", ""]
     for series in dict.fromkeys(r["series"] for r in rows):
-        sub = [r for r in rows if r["series"] == series]
-        out += [f"### {series}", "",
-                "| figure | " + " | ".join(f"{r['profile']} {r['size_gib']}G" for r in sub)
-                + " |",
-                "|---|" + "---|" * len(sub)]
-        out.append("| completed / RAM ok | " + " | ".join(
-            f"{r['completed']}/{r['runs']} / {r['ram_ok']}" for r in sub) + " |")
-        for key, label in FIGURES:
-            out.append(f"| {label} | " + " | ".join(_fmt(r[key]) for r in sub) + " |")
-        out.append("")
+        for profile in dict.fromkeys(r["profile"] for r in rows if r["series"] == series):
+            sub = [r for r in rows if r["series"] == series and r["profile"] == profile]
+            out += [f"### {series}: `{profile}`", "",
+                    "| figure | " + " | ".join(f"{r['size_gib']} GiB" for r in sub) + " |",
+                    "|---|" + "---|" * len(sub)]
+            out.append("| runs completed / RAM ok | " + " | ".join(
+                f"{r['completed']}/{r['runs']} / {r['ram_ok']}" for r in sub) + " |")
+            for key, label in FIGURES:
+                out.append(f"| {label} | " + " | ".join(_fmt(r[key]) for r in sub) + " |")
+            out.append("")
+    pooled = sync_by_size(data["runs"])
+    if pooled:
+        slope = sync_slope(pooled)
+        out += ["### Every bitmap sync, pooled over runs and profiles", "",
+                "| RAM | syncs | median (ms) | p90 (ms) | max (ms) |", "|---|---|---|---|---|"]
+        for size, ms in sorted(pooled.items()):
+            qs = statistics.quantiles(ms, n=10, method="inclusive") if len(ms) > 1 else ms * 9
+            out.append(f"| {size} GiB | {len(ms)} | {statistics.median(ms):.3f} | "
+                       f"{qs[-1]:.3f} | {max(ms):.3f} |")
+        out += ["", f"Least-squares slope of the median against RAM: "
+                f"{slope * 1000:.1f} µs per GiB per sync." if slope is not None else "", ""]
     srows = aggregate_starts(data.get("starts", []))
     if srows:
         out += ["### QEMU start (patched binary, TCG, RAM file in /dev/shm)", "",
