@@ -212,21 +212,31 @@ def _row(p: Prediction) -> str:
             f"(sync {p.hidden_sync_s:.2f}) | {p.rounds}{'' if p.converged else ' (forced)'}")
 
 
-def markdown() -> str:
+def seed_markdown() -> str:
     out = ["| case | seed | model: total | wire | real downtime (hidden sync) | rounds |",
            "|---|---|---|---|---|---|"]
     for case, seed, p in seed_checks():
         out.append(f"| {case} | {seed} | {_row(p)} |")
+    return "\n".join(out)
+
+
+def grid_markdown() -> str:
+    out: list[str] = []
     for title, costs in (("current QEMU on KVM (assumed costs)", KVM_ASSUMED),
-                         ("this project's TCG hosts (measured costs)", MEASURED_TCG),
-                         ("seed-era QEMU (per-page sync)", SEED_ERA)):
+                         ("seed-era QEMU (per-page sync)", SEED_ERA),
+                         ("this project's TCG hosts (measured costs)", MEASURED_TCG)):
         for mname, method in (("stock", STOCK), ("livemig", LIVEMIG)):
-            out += ["", f"#### {title}, {mname}", "",
+            out += [f"#### {title}, {mname}", "",
                     "| RAM | link | total | wire | real downtime (hidden sync) | rounds |",
                     "|---|---|---|---|---|---|"]
             for size, gb, p in grid(costs, method):
                 out.append(f"| {size} GiB | {gb:g} GbE | {_row(p)} |")
-    return "\n".join(out)
+            out.append("")
+    return "\n".join(out).rstrip()
+
+
+def markdown() -> str:
+    return seed_markdown() + "\n\n" + grid_markdown()
 
 
 if __name__ == "__main__":
