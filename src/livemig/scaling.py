@@ -156,9 +156,12 @@ def scaled(guest: Guest, ram_gib: float) -> Guest:
 
 # -- the figures of docs/scaling-model.md ------------------------------------------------
 #: Costs measured on this project's 2-core TCG hosts (docs/results/large-guests.md,
-#: medians over 1-16 GiB, stock profile: multifd with 2 channels). The zero-page scan
-#: includes the host faulting in the lab's /dev/shm RAM file (see the results).
-MEASURED_TCG = Costs(sync_ms_per_gib=0.05, zero_scan_gib_s=0.7, sender_gb_s=0.5,
+#: 1-16 GiB, stock profile: multifd with 2 channels). Sync: the per-size medians are
+#: flat at 0.2-0.4 ms, so 0.03 ms/GiB is an upper bound on the slope; zero-page scan:
+#: an idle 16 GiB guest in 21 s (includes the host faulting in the lab's /dev/shm RAM
+#: file); sender and CPU: the writer series; fixed: median QEMU downtime + destination
+#: load.
+MEASURED_TCG = Costs(sync_ms_per_gib=0.03, zero_scan_gib_s=0.8, sender_gb_s=0.5,
                      cpu_s_per_gb=2.0, fixed_downtime_s=0.15)
 #: Assumed for a current KVM host (not measurable here): KVM_GET_DIRTY_LOG copies a
 #: 32 KiB bitmap per GiB and QEMU merges it a word (64 pages) at a time; with the
@@ -208,13 +211,16 @@ def grid(costs: Costs, method: Method, sizes: tuple[int, ...] = (64, 128, 256, 5
 
 
 def _row(p: Prediction) -> str:
-    return (f"{p.total_s:.0f} s | {p.wire_bytes / GB:.0f} GB | {p.downtime_real_s:.2f} s "
-            f"(sync {p.hidden_sync_s:.2f}) | {p.rounds}{'' if p.converged else ' (forced)'}")
+    return (f"{p.total_s:.0f} s | {p.ram_bytes / GB:.0f} GB | {p.wire_bytes / GB:.0f} GB | "
+            f"{p.downtime_real_s:.2f} s (sync {p.hidden_sync_s:.2f}) | "
+            f"{p.rounds}{'' if p.converged else ' (forced)'}")
+
+
+_HEAD = "total | RAM sent | wire | real downtime (hidden sync) | rounds |"
 
 
 def seed_markdown() -> str:
-    out = ["| case | seed | model: total | wire | real downtime (hidden sync) | rounds |",
-           "|---|---|---|---|---|---|"]
+    out = [f"| case | seed | model: {_HEAD}", "|---|---|---|---|---|---|---|"]
     for case, seed, p in seed_checks():
         out.append(f"| {case} | {seed} | {_row(p)} |")
     return "\n".join(out)
@@ -227,8 +233,7 @@ def grid_markdown() -> str:
                          ("this project's TCG hosts (measured costs)", MEASURED_TCG)):
         for mname, method in (("stock", STOCK), ("livemig", LIVEMIG)):
             out += [f"#### {title}, {mname}", "",
-                    "| RAM | link | total | wire | real downtime (hidden sync) | rounds |",
-                    "|---|---|---|---|---|---|"]
+                    f"| RAM | link | {_HEAD}", "|---|---|---|---|---|---|---|"]
             for size, gb, p in grid(costs, method):
                 out.append(f"| {size} GiB | {gb:g} GbE | {_row(p)} |")
             out.append("")
@@ -239,5 +244,23 @@ def markdown() -> str:
     return seed_markdown() + "\n\n" + grid_markdown()
 
 
+def update(path: str) -> None:
+    """Rewrite the tables between the ``<!-- scaling: NAME -->`` markers of ``path``."""
+    with open(path) as f:
+        text = f.read()
+    for name, table in (("seed", seed_markdown()), ("grid", grid_markdown())):
+        begin, end = f"<!-- scaling: {name} -->", f"<!-- /scaling: {name} -->"
+        if begin in text and end in text:
+            text = text[:text.index(begin) + len(begin)] + "\n" + table + "\n" \
+                + text[text.index(end):]
+    with open(path, "w") as f:
+        f.write(text)
+
+
 if __name__ == "__main__":
-    print(markdown())
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--update":
+        update(sys.argv[2])
+    else:
+        print(markdown())
