@@ -115,6 +115,10 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--profiles", help="comma-separated profiles (default: the scenario's)")
     b.add_argument("--repeats", type=int, help="runs per profile (default: the scenario's)")
     b.add_argument("--out", type=Path, default=Path("reports/bench"), help="output directory")
+    b.add_argument("--resume", action="store_true", help="keep the reports already in "
+                   "--out and run only the missing ones")
+    b.add_argument("--summarize", action="store_true", help="no runs: summarize the "
+                   "reports already in --out")
     b.add_argument("--qemu", type=Path, help="QEMU binary for the livemig profiles "
                    "(default build/qemu/...)")
     b.add_argument("--stock-qemu", type=Path, help="QEMU binary for the stock profiles "
@@ -377,11 +381,19 @@ def cmd_bench(a: argparse.Namespace) -> int:
             binaries({**sc, "profiles": profiles or sc["profiles"]}, a.qemu, a.stock_qemu)
     if a.repeats is not None and a.repeats < 1:
         raise UsageError("--repeats must be at least 1")
+    reuse = "only" if a.summarize else "resume" if a.resume else "no"
+    if reuse == "only":
+        if not a.out.is_dir():
+            raise UsageError(f"--summarize: no reports in {a.out}")
+        md = asyncio.run(run_bench(a.scenarios, a.out, "-", "", a.qemu, a.repeats,
+                                   profiles, a.quiet, a.stock_qemu, reuse))
+        print(md)
+        return 0
     ensure_root()
     reap()
     choice = choose_accel(a.accel)
     md = asyncio.run(run_bench(a.scenarios, a.out, choice.name, choice.reason, a.qemu,
-                               a.repeats, profiles, a.quiet, a.stock_qemu))
+                               a.repeats, profiles, a.quiet, a.stock_qemu, reuse))
     print(md)
     print(f"results in {a.out}/")
     return 0

@@ -38,6 +38,7 @@ from livemig.policy.base import (
     StartPostcopy,
     StrategyExhausted,
 )
+from livemig.policy.converge import ConvergeThrottle
 from livemig.policy.convergence import DowntimeRamp, LastResort
 from livemig.policy.disk import IoQos, LinkShare
 from livemig.policy.throttle import ThrottlePolicy
@@ -50,7 +51,8 @@ log = logging.getLogger(__name__)
 THROTTLE_SET = "set-cpu-throttle"
 THROTTLE_CANCEL = "cancel-cpu-throttle"
 THROTTLE_LEASE_MS = 1000
-THROTTLES = ("off", "auto-converge", "reference", "direct", "staged", "dirty-limit")
+THROTTLES = ("off", "auto-converge", "reference", "direct", "staged", "converge",
+             "dirty-limit")
 # the guest disk's QOM path (livemig.lab.vm: -device virtio-blk-pci,id=vdisk0; the block
 # backend hangs off the inner virtio device)
 GUEST_DISK = "/machine/peripheral/vdisk0/virtio-backend"
@@ -75,11 +77,16 @@ class Controller:
             raise UsageError("throttle=dirty-limit needs KVM with a dirty ring; this run "
                              f"uses {accel} (use reference, staged or auto-converge)")
         self.policies: list[Policy] = []
-        if self.throttle_mode in ("reference", "direct", "staged"):
+        self.converge: ConvergeThrottle | None = None
+        if self.throttle_mode in ("reference", "direct", "staged", "converge"):
             if THROTTLE_SET not in qemu_commands:
                 raise UsageError(f"throttle={self.throttle_mode} needs the patched QEMU's "
                                  f"{THROTTLE_SET} command; this QEMU lacks it")
-            self.policies.append(ThrottlePolicy(self.throttle_mode))
+            if self.throttle_mode == "converge":
+                self.converge = ConvergeThrottle(downtime_ms)
+                self.policies.append(self.converge)
+            else:
+                self.policies.append(ThrottlePolicy(self.throttle_mode))
         if settings.get("downtime-ramp"):
             self.policies.append(DowntimeRamp(downtime_ms, int(settings["max-downtime"])))
         if disk_link is not None and settings.get("disk-schedule", "first") == "first":
@@ -146,6 +153,8 @@ class Controller:
             self.throttle_pct = a.percent
             await self._throttle(cmd, a.percent)
         elif isinstance(a, SetDowntimeLimit):
+            if self.converge is not None:
+                self.converge.set_downtime(a.ms)
             await self._set(cmd, **{"downtime-limit": a.ms})
         elif isinstance(a, StartPostcopy):
             await cmd("migrate-start-postcopy")

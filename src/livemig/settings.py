@@ -59,8 +59,8 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
     "settle": LivemigSetting(2.0, float, "seconds the guest is observed after the end"),
     "poll-interval": LivemigSetting(0.25, float, "seconds between query-migrate polls"),
     "throttle": LivemigSetting("off", _choice(
-        "off", "auto-converge", "reference", "direct", "staged", "dirty-limit"),
-        "off|auto-converge|reference|direct|staged|dirty-limit"),
+        "off", "auto-converge", "reference", "direct", "staged", "converge", "dirty-limit"),
+        "off|auto-converge|reference|direct|staged|converge|dirty-limit"),
     "downtime-ramp": LivemigSetting(False, _onoff,
                                     "raise downtime-limit while rounds do not shrink"),
     "max-downtime": LivemigSetting(1000, int, "ceiling of the downtime ramp, ms"),
@@ -75,11 +75,12 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                                     "concurrent: both at once"),
     "io-qos": LivemigSetting(False, _onoff, "cap guest disk writes while the disk "
                              "remainder does not shrink"),
-    "encoding": LivemigSetting("off", _choice("off", "auto", "xbzrle", "lz4", "lz4-delta",
-                                              "plain"),
+    "encoding": LivemigSetting("off", _choice("off", "auto", "xbzrle", "zstd", "lz4",
+                                              "lz4-delta", "plain"),
                                "stream encoding: auto (from a sample of the pages the "
-                               "guest rewrites), xbzrle, lz4, lz4-delta (lz4 multifd "
-                               "with delta encoding of re-sent pages), plain, or off "
+                               "guest rewrites, the link and the CPU left), xbzrle, "
+                               "zstd, lz4, lz4-delta (lz4 multifd with delta encoding "
+                               "of re-sent pages), plain, or off "
                                "(as set)"),
     "pin": LivemigSetting("off", _choice("off", "auto", "on"),
                           "pin the source's migration threads away from its vCPUs "
@@ -101,10 +102,11 @@ PROFILES: dict[str, dict[str, str]] = {
     },
     "upstream-xbzrle": {"auto-converge": "on", "xbzrle": "on", "xbzrle-cache-size": "256M"},
     "upstream-plain": {"auto-converge": "on"},
-    # Everything livemig has, on: the reference throttle through the patched direct
-    # knob instead of auto-converge, xbzrle for the hot set's small writes, a
+    # Everything livemig has, on: the stream encoding chosen from the guest's pages,
+    # the link and the CPU (lz4 delta for small writes), the converge throttle
+    # through the patched set-cpu-throttle instead of auto-converge's ladder, a
     # downtime ramp, and a forced switchover as the last resort.
-    "livemig": {"encoding": "auto", "throttle": "reference",
+    "livemig": {"encoding": "auto", "throttle": "converge",
                 "downtime-ramp": "on", "max-downtime": "1000", "on-stall": "force",
                 "io-qos": "on", "pin": "auto", "disk-schedule": "first",
                 "disk-granularity": "auto", "disk-copy-mode": "write-blocking"},

@@ -420,21 +420,39 @@ class LabRun(Hooks):
             self.event("encoding not chosen", reason=f"set explicitly: {', '.join(given)}")
             return
         if want == "auto":
-            pairs = await pagesample.rewritten_pages(self.src.config.mem_path)
-            choice = encoding.choose(pairs)
+            sample = await pagesample.rewritten_pages(self.src.config.mem_path)
+            ctx = await self._encoding_context()
+            choice = await asyncio.to_thread(encoding.choose, sample.pairs, ctx, sample.pages,
+                                             sample.nonzero_share, sample.interval)
         elif want in encoding.ENCODINGS:
             choice = encoding.Choice(want, "set explicitly")
         else:
             raise UsageError(f"bad --set encoding={want}: auto, off or one of "
                              f"{', '.join(encoding.ENCODINGS)}")
-        applied = {k: v for k, v in encoding.ENCODINGS[choice.encoding].items()
+        applied = {k: v for k, v in choice.applied().items()
                    if k not in self.opts.explicit}
         self._wanted.update(applied)
         self.encoding = {"encoding": choice.encoding, "reason": choice.reason,
                          "changed_share": choice.changed_share, "zlib_ratio": choice.ratio,
-                         "samples": choice.samples, "applied": applied}
+                         "samples": choice.samples, "applied": applied,
+                         "page_rates": {k: round(v) for k, v in choice.page_rates.items()}}
         self.event("encoding chosen", **self.encoding)
         self.progress.step(f"stream encoding {choice.encoding}: {choice.reason}")
+
+    async def _encoding_context(self) -> encoding.Context:
+        """The link (or --bandwidth), the CPUs beside the vCPUs, the guest's RAM and
+        what the source QEMU can encode with."""
+        assert self.src is not None
+        params = await self.src.cmd("query-migrate-parameters")
+        delta = encoding.DELTA_KEY in params
+        link = self.opts.link / 8 if self.opts.testbed and self.opts.link else None
+        if self.opts.bandwidth:
+            link = min(link or float("inf"), float(self.opts.bandwidth))
+        return encoding.Context(
+            link_rate=link, cpus=encoding.migration_cpus(self.opts.vcpus),
+            guest_ram=self.opts.memory, host_available=encoding.host_available(),
+            codecs=frozenset({"zstd", "plain", *(("lz4",) if delta else ())}),
+            delta=delta)
 
     def _plan_pinning(self) -> None:
         assert self.src is not None

@@ -87,7 +87,7 @@ LEASE_PARAM = "cpu-throttle-lease-ms"
 LZ4_MARK = "multifd-lz4-acceleration"  # present in the patched build only
 LAB_ONLY = ("io-qos", "pin", "disk-granularity", "disk-schedule", "disk-speed",
             "disk-copy-mode", "warmup", "settle")
-POLICY_THROTTLES = ("reference", "direct", "staged")
+POLICY_THROTTLES = ("reference", "direct", "staged", "converge")
 
 
 @dataclass(frozen=True)
@@ -227,8 +227,10 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
     elif encoding == "xbzrle" and "xbzrle" not in explicit:
         flags = (flags | COMPRESSED) & ~PARALLEL
         params[P_COMPRESSION] = "xbzrle"
-    elif encoding in ("lz4", "plain"):
+    elif encoding in ("zstd", "lz4", "plain"):
         flags |= PARALLEL
+        if encoding == "zstd":
+            src_qmp.setdefault("multifd-compression", "zstd")
         if encoding == "lz4":
             if LZ4_MARK not in qemu.parameters:
                 raise UsageError("encoding=lz4 needs the patched QEMU (multifd lz4); the "

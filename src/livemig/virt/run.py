@@ -36,6 +36,7 @@ from livemig.policy.base import (
     StartPostcopy,
     StrategyExhausted,
 )
+from livemig.policy.converge import ConvergeThrottle
 from livemig.policy.convergence import DowntimeRamp, LastResort
 from livemig.policy.throttle import ThrottlePolicy
 from livemig.progress import Progress
@@ -183,10 +184,12 @@ class DomainMigration:
             self.run.event("not applied", note=note)
             self.progress.step(note)
         self._apply_source_settings(plan, dict(info.parameters))
-        if plan.throttle in POLICY_THROTTLES:
+        start = plan.downtime_ms or int(info.parameters.get("downtime-limit", 300))
+        if plan.throttle == "converge":
+            self.policies.append(ConvergeThrottle(start))
+        elif plan.throttle in POLICY_THROTTLES:
             self.policies.append(ThrottlePolicy(plan.throttle))
         if plan.downtime_ramp:
-            start = plan.downtime_ms or int(info.parameters.get("downtime-limit", 300))
             self.policies.append(DowntimeRamp(start, plan.max_downtime))
         self.last_resort = LastResort(plan.on_stall)
         with contextlib.suppress(self.libvirt.libvirtError):
