@@ -104,6 +104,7 @@ def migrate(size_g: int, profile: str, workload: str, link: str, work: Path,
     """One ``livemig migrate`` run; its figures (or the failure)."""
     report = work / f"r-{size_g}g-{profile.replace(':', '_')}-{int(time.time() * 1000)}.json"
     base, _, sets = profile.partition(":")
+    base = base.partition("@")[0]  # PROFILE@LABEL: the same profile, kept apart
     argv = [str(LIVEMIG), "migrate", "-q", "--memory", f"{size_g}G", "--workload", workload,
             "--link", link, "--profile", base, "--qemu", str(PROFILES[base]),
             "--qemu-trace", "bitmap", "--max-time", str(max_time), "--report", str(report)]
@@ -373,7 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--link", default="10gbit", help="testbed link (or 'local')")
     p.add_argument("--workload", default=WRITER)
     p.add_argument("--profiles", default="upstream,livemig,livemig:encoding=lz4",
-                   help="profiles; PROFILE:key=value+key=value adds --set options")
+                   help="profiles; PROFILE:key=value+key=value adds --set options, "
+                   "PROFILE@LABEL keeps runs of another code version apart")
     p.add_argument("--exclude", default="16:livemig",
                    help="SIZE:PROFILE pairs not to run (default: the livemig profile's xbzrle "
                    "path touches every destination page, 16 GiB on both ends is over the "
