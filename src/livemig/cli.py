@@ -169,7 +169,7 @@ LAB_DEFAULTS: dict[str, object] = {
     "link": "1gbit", "storage": "shared", "disk_size": "256M", "disk_fill": "zero",
 }
 LAB_ONLY = ("memory", "vcpus", "workload", "link", "storage", "disk_size", "disk_fill",
-            "qemu", "inject_fault", "run_id", "keep_run_dir")
+            "qemu", "inject_fault", "run_id", "keep_run_dir", "qemu_trace")
 
 
 _MIGRATE_DOC = """\
