@@ -184,6 +184,24 @@ def test_lz4_delta_multifd_is_consistent(tmp_path):
     assert ram["multifd-delta-cache-misses"] > 0  # first sends
 
 
+def test_livemig_profile_sends_a_busy_small_write_hot_set_as_deltas(tmp_path):
+    """encoding=auto (the profile's) on a flat-out writer of 128 B into its hot rows:
+    the model picks lz4-delta with a cache of half the guest's RAM, the delta path
+    runs, the converge throttle finishes it, and RAM compares ok."""
+    r = run_migrate(tmp_path, "--memory", MEM,
+                    "--workload", "mem:size=192M,rate=0,hot=85/8,touch=128",
+                    "--bandwidth", "48M", "--profile", "livemig", "--max-time", "150")
+    rep = r.report
+    assert r.rc == 0, rep.get("reason")
+    assert rep["outcome"] == "completed"
+    assert rep["consistency"]["ram"] == "ok"
+    enc = rep["encoding"]
+    assert enc["encoding"] == "lz4-delta", enc["reason"]
+    assert enc["applied"]["x-multifd-lz4-delta-cache-size"] == "256M"  # MEM is 512M
+    assert {"zstd", "lz4", "plain", "lz4-delta"} <= set(enc["page_rates"])
+    assert rep["qemu_final_stats"]["ram"]["multifd-delta-pages"] > 0
+
+
 def test_hot_page_deferral_is_consistent(tmp_path):
     r = run_migrate(tmp_path, "--memory", MEM, "--workload", "mem:size=320M,rate=160M",
                     "--bandwidth", "128M", "--profile", "livemig",
