@@ -16,6 +16,7 @@ from livemig import __version__
 from livemig.accel import choose_accel
 from livemig.engine.plan import Plan
 from livemig.errors import FaultInjectionRefused, LivemigError, UsageError
+from livemig.lab import qemutrace
 from livemig.lab.leftovers import reap
 from livemig.lab.run import FAULT_KINDS, Fault, LabRun, MigrateOptions
 from livemig.paths import default_qemu, ensure_root
@@ -90,6 +91,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         f"ram-byte@0xGUESTADDR, disk-byte@OFFSET, ram-stamped@N or "
                         f"disk-stamped@N (a block the guest checker owns); needs "
                         f"{FAULT_ENV}=1")
+    m.add_argument("--qemu-trace", action="append", default=[], metavar="EVENT",
+                   help="log a QEMU trace point on both ends (repeatable; 'bitmap' = bitmap "
+                   "syncs and downtime steps); parsed into the report's qemu_trace")
     m.add_argument("--keep-run-dir", action="store_true", help="keep logs of a good run")
     m.add_argument("--run-id", help="name of this run (default: random); QEMU processes "
                    "are named livemig-RUNID-src/dst")
@@ -165,7 +169,7 @@ LAB_DEFAULTS: dict[str, object] = {
     "link": "1gbit", "storage": "shared", "disk_size": "256M", "disk_fill": "zero",
 }
 LAB_ONLY = ("memory", "vcpus", "workload", "link", "storage", "disk_size", "disk_fill",
-            "qemu", "inject_fault", "run_id", "keep_run_dir")
+            "qemu", "inject_fault", "run_id", "keep_run_dir", "qemu_trace")
 
 
 _MIGRATE_DOC = """\
@@ -199,6 +203,13 @@ link). Every migration also compares RAM (and the disk when copied) exactly.
 exit status: 0 every migration completed with no mismatch (and, with --inject, every
 fault detected), 1 a migration failed, 2 bad usage, 4 a mismatch was found or an
 injected fault went undetected."""
+
+
+def _trace_events(names: list[str]) -> tuple[str, ...]:
+    bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_*]{1,80}", n)]
+    if bad:
+        raise UsageError(f"--qemu-trace {bad[0]!r}: a trace point name or 'bitmap'")
+    return qemutrace.expand(names)
 
 
 def _parse_faults(items: list[str]) -> list[Fault]:
@@ -245,6 +256,7 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         testbed=a.link.strip().lower() != "local",
         link=None if a.link.strip().lower() == "local" else parse_link_rate(a.link),
         storage=a.storage, disk_fill=a.disk_fill, explicit=frozenset(sets),
+        trace_events=_trace_events(a.qemu_trace),
     )
     if opts.storage == "copy" and not opts.testbed:
         raise UsageError("--storage copy needs the testbed's hosts: not with --link local")
