@@ -200,11 +200,14 @@ def test_ram_check_figures_and_mismatch_for_the_report() -> None:
                        "source-time": 50_000, "destination-time": 60_000})
     assert ok["result"] == "ok" and ok["method"].startswith("in-stream digest")
     assert ok["cost_s_per_gib"] == {"source": 0.05, "destination": 0.06}
-    msg = ("operation failed: job 'migration out' failed: load of migration failed: "
-           "Invalid argument: post load hook failed for: ram-digest-check, version_id: "
-           "1, minimum_version: 1: x-ram-digest-check: guest RAM differs from the source:"
-           " RAM block 'pc.ram' bytes [0x0, 0x100000) are the first of 1 differing "
-           "chunk(s)")
+    # libvirt 9.0's error when the destination QEMU fails the check (its log's tail)
+    msg = ("internal error: qemu unexpectedly closed the monitor: 2026-11-23T13:15:07Z "
+           "qemu-system-x86_64: load of migration failed: Invalid argument: error while "
+           "loading state for instance 0x0 of device 'ram-digest-check': post load hook "
+           "failed for: ram-digest-check, version_id: 1, minimum_version: 1: "
+           "x-ram-digest-check: guest RAM differs from the source: RAM block 'pc.ram' "
+           "bytes [0x0, 0x100000) are the first of 1 differing chunk(s) of 0x100000 "
+           "bytes (mix64x4 digests of 6 blocks, 0x10082000 bytes)")
     bad = ram_check_failed(msg)
     assert bad["result"] == "mismatch"
     assert bad["detail"].startswith("x-ram-digest-check: guest RAM differs")
