@@ -439,8 +439,10 @@ async def run_bench(scenarios: list[Path], out_dir: Path, accel: str, reason: st
                 write_report(rep, path)
                 runs[p].append(rep)
                 print(f"   {rep['outcome']} in {rep['total_time_s']}s", flush=True)
-        if reuse == "only" and not any(runs.values()):
-            continue  # --summarize: a family not run yet
+        if reuse == "only":  # --summarize: only what was run
+            runs = {p: r for p, r in runs.items() if r}
+            if not runs:
+                continue
         summary = summarize(runs, labels)
         summaries[sc["name"]] = summary
         md_parts.append(markdown(sc["name"], sc.get("description", ""), summary))
