@@ -371,7 +371,7 @@ def test_unknown_domain_is_a_one_line_error(daemons: dict[str, str]) -> None:
 
 
 def test_patched_knobs_through_passthrough(daemons: dict[str, str], tmp_path: Path) -> None:
-    """The livemig profile on a guest that out-dirties the capped link: the direct
+    """The livemig profile on a guest that out-dirties the capped link: its converge
     throttle (set-cpu-throttle, renewed every poll) goes through the monitor
     passthrough; then back with lz4 multifd (passthrough on the source, -global in
     the destination XML). libvirt 9.0 has no name for either. Needs the patched
@@ -393,7 +393,7 @@ def test_patched_knobs_through_passthrough(daemons: dict[str, str], tmp_path: Pa
                              "--bandwidth", "8M", "--max-time", "150")
         assert proc.returncode == 0, rep.get("reason")
         plan = rep["settings"]["libvirt_plan"]
-        assert plan["throttle"] == "reference" and plan["throttle_knob"] is not None
+        assert plan["throttle"] == "converge" and plan["throttle_knob"] is not None
         throttles = [e for e in rep["events"] if e["event"] == "action SetThrottle"]
         assert throttles, "the guest out-dirties 8M/s: the throttle must have acted"
         assert not any(e["event"] == "throttle not set" for e in rep["events"])
