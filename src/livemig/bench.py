@@ -402,11 +402,14 @@ def plot(out_dir: Path, name: str, runs: dict[str, list[dict[str, Any]]],
 async def run_bench(scenarios: list[Path], out_dir: Path, accel: str, reason: str,
                     qemu: Path | None, repeats: int | None,
                     profiles: list[str] | None, quiet: bool,
-                    stock_qemu: Path | None = None, reuse: str = "no") -> str:
+                    stock_qemu: Path | None = None, reuse: str = "no",
+                    names: list[str] | None = None) -> str:
     """``reuse``: ``no`` runs everything; ``resume`` takes the reports already in
-    ``out_dir`` and runs the missing ones; ``only`` just summarizes what is there."""
+    ``out_dir`` and runs the missing ones; ``only`` just summarizes what is there.
+    ``names``: the families to run (default: every one of the files)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    families = [sc for path in scenarios for sc in load_scenarios(path)]
+    families = [sc for path in scenarios for sc in load_scenarios(path)
+                if names is None or sc["name"] in names]
     plans = []
     for sc in families:  # every binary is checked before the first run
         profs = profiles or list(sc["profiles"])

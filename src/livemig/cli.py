@@ -115,6 +115,8 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--profiles", help="comma-separated profiles (default: the scenario's)")
     b.add_argument("--repeats", type=int, help="runs per profile (default: the scenario's)")
     b.add_argument("--out", type=Path, default=Path("reports/bench"), help="output directory")
+    b.add_argument("--families", help="comma-separated family names of a matrix file "
+                   "(default: all)")
     b.add_argument("--resume", action="store_true", help="keep the reports already in "
                    "--out and run only the missing ones")
     b.add_argument("--summarize", action="store_true", help="no runs: summarize the "
@@ -381,19 +383,26 @@ def cmd_bench(a: argparse.Namespace) -> int:
             binaries({**sc, "profiles": profiles or sc["profiles"]}, a.qemu, a.stock_qemu)
     if a.repeats is not None and a.repeats < 1:
         raise UsageError("--repeats must be at least 1")
+    families = [f.strip() for f in a.families.split(",")] if a.families else None
+    if families:
+        known = {sc["name"] for path in a.scenarios for sc in load_scenarios(path)}
+        for f in families:
+            if f not in known:
+                raise UsageError(f"unknown family {f!r}: choose from {', '.join(sorted(known))}")
     reuse = "only" if a.summarize else "resume" if a.resume else "no"
     if reuse == "only":
         if not a.out.is_dir():
             raise UsageError(f"--summarize: no reports in {a.out}")
         md = asyncio.run(run_bench(a.scenarios, a.out, "-", "", a.qemu, a.repeats,
-                                   profiles, a.quiet, a.stock_qemu, reuse))
+                                   profiles, a.quiet, a.stock_qemu, reuse, families))
         print(md)
         return 0
     ensure_root()
     reap()
     choice = choose_accel(a.accel)
     md = asyncio.run(run_bench(a.scenarios, a.out, choice.name, choice.reason, a.qemu,
-                               a.repeats, profiles, a.quiet, a.stock_qemu, reuse))
+                               a.repeats, profiles, a.quiet, a.stock_qemu, reuse,
+                               families))
     print(md)
     print(f"results in {a.out}/")
     return 0
