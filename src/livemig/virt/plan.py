@@ -86,7 +86,7 @@ THROTTLE_PARAM = "cpu-throttle-direct"
 LEASE_PARAM = "cpu-throttle-lease-ms"
 LZ4_MARK = "multifd-lz4-acceleration"  # present in the patched build only
 LAB_ONLY = ("io-qos", "pin", "disk-granularity", "disk-schedule", "disk-speed",
-            "disk-copy-mode", "warmup", "settle")
+            "disk-copy-mode", "warmup", "settle", "client-stream")
 POLICY_THROTTLES = ("reference", "direct", "staged", "converge")
 
 
