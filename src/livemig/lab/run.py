@@ -288,6 +288,9 @@ class LabRun(Hooks):
             if self.livemig["disk-schedule"] in ("first", "libvirt"):
                 await self.copy.wait_ready(self.t_migrate, self.opts.max_time,
                                            self._policy_tick(), self._check_interrupt)
+        if self.switches:  # which queue pairs carried the guest's traffic so far
+            self.vhost["src_queue_packets"] = \
+                self.switches[self.opts.src_host].queue_counters()
         self._plan_pinning()
 
     async def on_poll(self, now: float, obs: Observation) -> dict[str, Any]:
@@ -377,8 +380,6 @@ class LabRun(Hooks):
             self.vhost["dst"] = await self._vhost_status(self.dst)
         await self._sleep(float(self.livemig["settle"]), interruptible=False)
         self._who_answers(taps_before, t_settle)
-        if self.switches:  # the destination switch's queues while the guest runs there
-            self.vhost["dst_rxq_usage_pct"] = self.switches[self.opts.dst_host].rxq_usage()
 
     async def after_failure(self) -> None:
         if self.disk is not None:

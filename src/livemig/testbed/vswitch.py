@@ -38,6 +38,7 @@ Choices, and why:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -227,18 +228,18 @@ class Switch:
             text = ""
         return parse_port_counters(text, PORT)
 
-    def rxq_usage(self) -> dict[str, int]:
-        """The poll-mode thread's share per guest TX queue ('queue N' -> % of the
-        thread's cycles over the last interval): which queue pairs carried traffic."""
+    def queue_counters(self) -> dict[str, int]:
+        """Good packets per virtqueue of the guest's port (rx_qN: sent by the guest on
+        its queue pair N, tx_qN: written by the switch into the guest's queue N), from
+        the database (refreshed by the switch every 5 s)."""
         try:
-            text = self.appctl("dpif-netdev/pmd-rxq-show") if self.running() else ""
-        except (SetupError, OSError, subprocess.SubprocessError):
+            text = self.vsctl("--format=json", "--columns=statistics", "list",
+                              "Interface", PORT, wait=False) if self.running() else ""
+            data = json.loads(text)["data"][0][0][1]  # ["map", [[key, value], ...]]
+        except (SetupError, ValueError, LookupError, OSError, subprocess.SubprocessError):
             return {}
-        out: dict[str, int] = {}
-        for m in re.finditer(rf"port: {PORT}\s+queue-id:\s+(\d+).*?usage:\s+(\d+|NOT AVAIL)",
-                             text):
-            out[f"queue {m.group(1)}"] = int(m.group(2)) if m.group(2).isdigit() else -1
-        return out
+        return {str(k).removesuffix("_good_packets"): int(v) for k, v in sorted(data)
+                if str(k).endswith("_good_packets") and str(k).startswith(("rx_q", "tx_q"))}
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
