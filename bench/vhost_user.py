@@ -36,11 +36,16 @@ def run_one(livemig: str, net: str, report: Path) -> dict[str, Any]:
     p = subprocess.run(argv, capture_output=True, text=True, env=env)
     if not report.exists():
         return {"net": net, "error": (p.stderr or p.stdout).strip()[-300:]}
-    r = json.loads(report.read_text())
+    return summarize(net, json.loads(report.read_text()), p.returncode,
+                     round(time.time() - t, 1))
+
+
+def summarize(net: str, r: dict[str, Any], rc: int | None,
+              wall: float | None) -> dict[str, Any]:
     n = r.get("network", {})
     st = n.get("stream", {})
     return {
-        "net": net, "exit": p.returncode, "wall_s": round(time.time() - t, 1),
+        "net": net, "exit": rc, "wall_s": wall,
         "outcome": r.get("outcome"), "ram": r.get("consistency", {}).get("ram"),
         "answered_by": n.get("after_switchover", {}).get("answered_by"),
         "throughput_mbps": _mbps(st.get("before_migration_bps")),
@@ -103,6 +108,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("reports/vhost-user"))
+    ap.add_argument("--resume", action="store_true",
+                    help="reuse the reports already in --out instead of running again")
     ap.add_argument("--livemig", default=str(Path(sys.executable).parent / "livemig"))
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -110,10 +117,14 @@ def main() -> int:
     for i in range(a.repeats):
         for net in NETS:
             rep = a.out / f"{net.replace(',', '-').replace('=', '')}-{i + 1}.json"
-            rows.append(run_one(a.livemig, net, rep))
+            if rep.exists() and a.resume:
+                rows.append(summarize(net, json.loads(rep.read_text()), None, None))
+            else:
+                rows.append(run_one(a.livemig, net, rep))
             print(json.dumps(rows[-1]), flush=True)
-    (a.out / "summary.json").write_text(json.dumps(rows, indent=1))
-    (a.out / "table.md").write_text(table(rows))
+            # written after every run: a long queue for the testbed loses nothing
+            (a.out / "summary.json").write_text(json.dumps(rows, indent=1))
+            (a.out / "table.md").write_text(table(rows))
     print(table(rows))
     return 0
 

@@ -12,6 +12,8 @@ from conftest import new_run_id, run_migrate
 from livemig.testbed import vswitch
 
 pytestmark = [pytest.mark.vm, pytest.mark.testbed]
+# the run may queue for the shared testbed (LIVEMIG_TESTBED_WAIT) before it boots
+QUEUE_TIMEOUT = 400 + float(os.environ.get("LIVEMIG_TESTBED_WAIT", "0") or 0)
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +35,8 @@ def test_vhost_user_two_queues_migrates_with_stream(tmp_path):
     run_id = new_run_id()
     r = run_migrate(tmp_path, "--net", "vhost-user,queues=2", "--vcpus", "2",
                     "--memory", "512M", "--workload", "mem:size=64M,rate=16M",
-                    "--set", "client-stream=on", "--max-time", "150", "--run-id", run_id)
+                    "--set", "client-stream=on", "--max-time", "150", "--run-id", run_id,
+                    timeout=QUEUE_TIMEOUT)
     rep = r.report
     assert r.rc == 0, rep.get("reason")
     assert rep["outcome"] == "completed"
@@ -64,7 +67,8 @@ def test_vhost_user_switches_stopped_after_abort(tmp_path):
     run_id = new_run_id()
     r = run_migrate(tmp_path, "--net", "vhost-user", "--memory", "512M",
                     "--workload", "mem:size=128M,rate=400M", "--bandwidth", "1M",
-                    "--profile", "upstream-plain", "--max-time", "3", "--run-id", run_id)
+                    "--profile", "upstream-plain", "--max-time", "3", "--run-id", run_id,
+                    timeout=QUEUE_TIMEOUT)
     assert r.rc == 3, r.report.get("reason")
     assert r.report["outcome"] == "aborted"
     assert r.report["source_after"]["workload_rate"] > 0
