@@ -51,6 +51,7 @@ def summarize(net: str, r: dict[str, Any], rc: int | None,
         "throughput_mbps": _mbps(st.get("before_migration_bps")),
         "during_migration_mbps": _mbps(st.get("during_migration_bps")),
         "network_pause_ms": r.get("network_pause_ms"), "probes_lost": n.get("probes_lost"),
+        "guest_pause_ms": r.get("guest_pause_ms"), "verify_hold_ms": r.get("verify_hold_ms"),
         "downtime_ms": r.get("downtime_ms"), "total_time_s": r.get("total_time_s"),
         "dirty_log_seen": n.get("vhost_user", {}).get("log_enabled_seen"),
         "log_shmfd": n.get("vhost_user", {}).get("src", {}).get("log_shmfd"),
@@ -65,33 +66,37 @@ def _mbps(bps: float | None) -> float | None:
 def table(rows: list[dict[str, Any]]) -> str:
     out = ["| net | run | outcome | RAM | answered by | stream Mbit/s (before) | "
            "stream Mbit/s (during migration) | network pause ms | probes lost | "
-           "QEMU downtime ms | total s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "guest pause ms | QEMU downtime ms | total s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     runs: dict[str, int] = {}
     for r in rows:
         runs[r["net"]] = runs.get(r["net"], 0) + 1
         if "error" in r:
             out.append(f"| {r['net']} | {runs[r['net']]} | error: {r['error']} |"
-                       + " |" * 8)
+                       + " |" * 9)
             continue
         out.append(f"| {r['net']} | {runs[r['net']]} | {r['outcome']} | {r['ram']} | "
                    f"{r['answered_by']} | {r['throughput_mbps']} | "
                    f"{r['during_migration_mbps']} | {r['network_pause_ms']} | "
-                   f"{r['probes_lost']} | {r['downtime_ms']} | {r['total_time_s']} |")
+                   f"{r['probes_lost']} | {r.get('guest_pause_ms')} | {r['downtime_ms']} | "
+                   f"{r['total_time_s']} |")
     out += ["", "| net | median stream Mbit/s | ratio to tap | median during migration | "
-            "median network pause ms | ratio to tap |", "|---|---|---|---|---|---|"]
+            "median network pause ms | ratio to tap | median guest pause ms |",
+            "|---|---|---|---|---|---|---|"]
     med: dict[str, dict[str, float | None]] = {}
     for net in NETS:
         ok = [r for r in rows if r["net"] == net and "error" not in r]
-        med[net] = {k: _median([r[k] for r in ok]) for k in
-                    ("throughput_mbps", "during_migration_mbps", "network_pause_ms")}
+        med[net] = {k: _median([r.get(k) for r in ok]) for k in
+                    ("throughput_mbps", "during_migration_mbps", "network_pause_ms",
+                     "guest_pause_ms")}
     base = med.get("tap", {})
     for net in NETS:
         m = med[net]
         out.append(f"| {net} | {m['throughput_mbps']} | "
                    f"{_ratio(m['throughput_mbps'], base.get('throughput_mbps'))} | "
                    f"{m['during_migration_mbps']} | {m['network_pause_ms']} | "
-                   f"{_ratio(m['network_pause_ms'], base.get('network_pause_ms'))} |")
+                   f"{_ratio(m['network_pause_ms'], base.get('network_pause_ms'))} | "
+                   f"{m['guest_pause_ms']} |")
     return "\n".join(out) + "\n"
 
 
