@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from conftest import new_run_id, run_migrate
-from livemig.testbed import vswitch
+from livemig.testbed import netns, topology, vswitch
 
 pytestmark = [pytest.mark.vm, pytest.mark.testbed]
 # the run may queue for the shared testbed (LIVEMIG_TESTBED_WAIT) before it boots
@@ -29,6 +29,20 @@ def _switch_installed():
 def _switch_processes(run_id: str) -> list[str]:
     out = subprocess.run(["pgrep", "-af", f"/{run_id}/ovs-"], capture_output=True, text=True)
     return out.stdout.split("\n") if out.stdout.strip() else []
+
+
+def _switch_links() -> list[str]:
+    """The switch's devices left in the testbed's hosts (none once a run ended)."""
+    left = []
+    for host in ("src", "dst"):
+        ns = topology.HOSTS[host]
+        if netns.exists(ns):
+            out = netns.run("ip", "-br", "link", ns=ns, check=False)
+            left += [f"{host}:{ln.split()[0]}" for ln in out.splitlines()
+                     if ln.split() and ln.split()[0].split("@")[0] in
+                     (vswitch.UPLINK, vswitch.UPLINK_PEER, vswitch.BRIDGE,
+                      vswitch.NETDEV_TAP)]
+    return left
 
 
 def test_vhost_user_two_queues_migrates_with_stream(tmp_path):
@@ -59,8 +73,9 @@ def test_vhost_user_two_queues_migrates_with_stream(tmp_path):
     assert after["answered_by"] == "destination", after
     assert after["packets_from_guest_on_src_port"] == 0, after
     assert rep["network_pause_ms"] is not None and rep["network_pause_ms"] < 5000
-    # no switch process outlives the run
+    # no switch process or device outlives the run
     assert _switch_processes(run_id) == []
+    assert _switch_links() == []
 
 
 def test_vhost_user_switches_stopped_after_abort(tmp_path):
@@ -73,3 +88,4 @@ def test_vhost_user_switches_stopped_after_abort(tmp_path):
     assert r.report["outcome"] == "aborted"
     assert r.report["source_after"]["workload_rate"] > 0
     assert _switch_processes(run_id) == []
+    assert _switch_links() == []

@@ -62,6 +62,7 @@ PORT = "vhu0"  # the guest's vhost-user port
 UPLINK = "vh0"  # OVS side of the veth into the host's br0
 UPLINK_PEER = "vh0br"
 HOST_BRIDGE = "br0"
+NETDEV_TAP = "ovs-netdev"  # the netdev datapath's own internal port
 DPDK_MEM_MB = 256
 PMD_MAXSLEEP_US = 1000
 START_TIMEOUT_S = 30.0
@@ -154,8 +155,7 @@ class Switch:
             raise SetupError(why)
         self.dir.mkdir(parents=True, exist_ok=True)
         d = self.dir
-        # an uplink left by a run that was killed
-        netns.run("ip", "link", "del", UPLINK, ns=self.ns, check=False)
+        self._remove_links()  # what a run that was killed left
         made = subprocess.run(["ovsdb-tool", "create", str(d / "conf.db"), str(SCHEMA)],
                               capture_output=True, text=True, timeout=30)
         if made.returncode != 0:
@@ -203,9 +203,15 @@ class Switch:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=5)
         self.procs.clear()
-        if netns.exists(self.ns):
-            netns.run("ip", "link", "del", UPLINK, ns=self.ns, check=False)
+        self._remove_links()
         shutil.rmtree(DPDK_RUNTIME / self.tag, ignore_errors=True)
+
+    def _remove_links(self) -> None:
+        """The uplink veth, and the tap devices the netdev datapath made for its
+        internal ports (they outlive ovs-vswitchd)."""
+        if netns.exists(self.ns):
+            for dev in (UPLINK, BRIDGE, NETDEV_TAP):
+                netns.run("ip", "link", "del", dev, ns=self.ns, check=False)
 
     def running(self) -> bool:
         return bool(self.procs) and all(p.poll() is None for p in self.procs)
