@@ -71,7 +71,7 @@ def test_attach_migrates_verifies_resumes_and_restores(pair, tmp_path):
     assert rep["outcome"] == "completed", rep.get("reason")
     assert rep["mode"] == "attach"
     if patched:  # the profile was applied
-        assert rep["settings"]["livemig"]["throttle"] == "reference"
+        assert rep["settings"]["livemig"]["throttle"] == "converge"
     else:
         assert rep["settings"]["capabilities"]["multifd"] is True
     # the ends livemig did not start are still there, guest running on the destination

@@ -89,3 +89,36 @@ def test_targets_and_binary_column():
     assert "| upstream | 10.2.2 unpatched | 3/3 |" in md
     assert "Targets for `livemig`" in md
     assert "| fam | upstream |" in matrix_markdown({"fam": s})
+
+
+def test_first_pass_is_where_round_two_begins():
+    from livemig.bench import _first_pass
+    rep = {**_rep("completed", 12.0), "timeline": [
+        {"t": 0.5, "rounds": 1, "transferred": 10 << 20},
+        {"t": 4.0, "rounds": 1, "transferred": 300 << 20},
+        {"t": 4.25, "rounds": 2, "transferred": 310 << 20},
+        {"t": 8.0, "rounds": 3, "transferred": 500 << 20}]}
+    assert _first_pass(rep, "t") == 4.25 and _first_pass(rep, "transferred") == 310 << 20
+    # done inside the first pass (an idle guest): the whole migration
+    one = {**_rep("completed", 3.0, 80 << 20), "timeline": [{"t": 1.0, "rounds": 1}]}
+    assert _first_pass(one, "t") == 3.0 and _first_pass(one, "transferred") == 80 << 20
+    assert _first_pass({**_rep("aborted", 9.0), "timeline": []}, "t") is None
+    row = summarize({"livemig": [rep]})["livemig"]
+    assert row["first_pass_s"] == 4.25 and row["first_pass_mib"] == 310
+
+
+def test_summarize_only_reads_the_reports_there(tmp_path):
+    import asyncio
+    import json
+
+    from livemig.bench import run_bench
+    sc = tmp_path / "s.toml"
+    sc.write_text('name = "fam"\nworkload = "idle"\nmemory = "512M"\n'
+                  'profiles = ["upstream", "livemig"]\nrepeats = 2\nstock_qemu = "same"\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    for p, t in (("upstream", 20.0), ("livemig", 8.0)):
+        rep = {**_rep("completed", t), "timeline": []}
+        (out / f"fam-{p}-1.json").write_text(json.dumps(rep))
+    md = asyncio.run(run_bench([sc], out, "-", "", None, None, None, True, None, "only"))
+    assert "| livemig |" in md and "1/1" in md and "(0.40×)" in md

@@ -21,6 +21,7 @@ def _run(*args, env=None):
     ["migrate", "--accel", "xen"],
     ["migrate", "--bogus"],
     ["migrate", "--inject-fault", "ram-byte@0x1000"],
+    ["migrate", "--qemu-trace", "bitmap,enable=x"],
 ])
 def test_bad_input_is_one_line_exit_2(args):
     r = _run(*args)

@@ -71,7 +71,7 @@ def test_livemig_profile_on_stock_qemu_falls_back_to_auto_converge() -> None:
 def test_livemig_profile_on_patched_qemu_uses_the_direct_throttle(
         qemu: P.QemuInfo, knob: str) -> None:
     p = plan_for("livemig", qemu=qemu)
-    assert p.throttle == "reference" and p.throttle_knob == knob
+    assert p.throttle == "converge" and p.throttle_knob == knob
     assert not p.flags & P.AUTO_CONVERGE
 
 
@@ -157,3 +157,59 @@ def test_job_stats_become_a_policy_snapshot_and_a_sample() -> None:
     sample = sample_of(2.0, stats, s)
     assert sample["status"] == "active" and sample["eta_s"] == pytest.approx(20.0)
     assert sample_of(0.1, {"type": 2}, snapshot(0.1, {"type": 2}, 0))["status"] == "setup"
+
+
+DIGEST = P.QemuInfo(STOCK_CAPS | {P.RAM_CHECK_CAP}, PATCHED.parameters,
+                    PATCHED_CMD.commands)
+
+
+def test_in_stream_ram_check_is_set_on_the_source_when_qemu_has_it() -> None:
+    p = plan_for("defaults", qemu=DIGEST)
+    assert p.ram_check and p.src_caps == {P.RAM_CHECK_CAP: True}
+    assert p.dst_globals == {}  # the destination needs nothing: the section says it all
+    assert p.as_dict()["ram_check"] == "in-stream digest"
+
+
+@pytest.mark.parametrize(("qemu", "sets", "req", "why"), [
+    (STOCK, {}, {}, "has no x-ram-digest-check"),
+    (DIGEST, {}, {"verify": False}, "--no-verify"),
+    (DIGEST, {"on-stall": "postcopy"}, {}, "post-copy"),
+    (DIGEST, {P.RAM_CHECK_CAP: "off"}, {}, "=off"),
+])
+def test_in_stream_ram_check_off_says_why(qemu: P.QemuInfo, sets: dict[str, str],
+                                          req: dict[str, object], why: str) -> None:
+    p = plan_for("defaults", sets, qemu=qemu, **req)
+    assert not p.ram_check and why in p.ram_check_why
+    assert p.src_caps.get(P.RAM_CHECK_CAP) is not True
+    assert p.as_dict()["ram_check"].startswith("off: ")
+
+
+def test_ram_fault_goes_to_the_destination_and_needs_the_check() -> None:
+    p = plan_for("defaults", qemu=DIGEST, ram_fault=0x7c00)
+    assert p.dst_globals == {P.RAM_CHECK_FAULT: str(0x7c00)}
+    assert f"migration.{P.RAM_CHECK_FAULT}=31744" in P.with_globals(
+        "<domain type='qemu'><name>x</name></domain>", p.dst_globals)
+    with pytest.raises(UsageError, match="needs the in-stream RAM check"):
+        plan_for("defaults", qemu=STOCK, ram_fault=0x7c00)
+
+
+def test_ram_check_figures_and_mismatch_for_the_report() -> None:
+    from livemig.virt.run import ram_check_failed, ram_check_ok
+
+    ok = ram_check_ok({"blocks": 5, "size": 1 << 30, "chunk-size": 1 << 20,
+                       "source-time": 50_000, "destination-time": 60_000})
+    assert ok["result"] == "ok" and ok["method"].startswith("in-stream digest")
+    assert ok["cost_s_per_gib"] == {"source": 0.05, "destination": 0.06}
+    # libvirt 9.0's error when the destination QEMU fails the check (its log's tail)
+    msg = ("internal error: qemu unexpectedly closed the monitor: 2026-11-23T13:15:07Z "
+           "qemu-system-x86_64: load of migration failed: Invalid argument: error while "
+           "loading state for instance 0x0 of device 'ram-digest-check': post load hook "
+           "failed for: ram-digest-check, version_id: 1, minimum_version: 1: "
+           "x-ram-digest-check: guest RAM differs from the source: RAM block 'pc.ram' "
+           "bytes [0x0, 0x100000) are the first of 1 differing chunk(s) of 0x100000 "
+           "bytes (mix64x4 digests of 6 blocks, 0x10082000 bytes)")
+    bad = ram_check_failed(msg)
+    assert bad["result"] == "mismatch"
+    assert bad["detail"].startswith("x-ram-digest-check: guest RAM differs")
+    assert "'pc.ram' bytes [0x0, 0x100000)" in bad["detail"]
+    assert ram_check_failed("Connection reset")["result"] == "skipped"

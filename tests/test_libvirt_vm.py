@@ -231,6 +231,68 @@ def test_shared_storage_domain_moves_to_dst(daemons: dict[str, str], tmp_path: P
         assert rounds and rounds == sorted(rounds)  # libvirt's iteration events
         assert _where(name) == {"src": None, "dst": "running"}
         assert _guest_answers(), "the guest does not answer from the dst host"
+        ram = rep["consistency"]["ram_detail"]
+        if _has_ram_check():  # the patched build verifies RAM inside the migration
+            assert rep["consistency"]["ram"] == "ok", ram
+            assert ram["method"] == "in-stream digest (x-ram-digest-check)"
+            assert ram["bytes"] >= MEMORY_MIB << 20 and ram["blocks"] >= 1
+            assert 0 < ram["source_s"] < 10 and 0 < ram["destination_s"] < 10
+            assert rep["settings"]["libvirt_plan"]["ram_check"] == "in-stream digest"
+        else:
+            assert rep["consistency"]["ram"] == "skipped" and ram["why"]
+    finally:
+        _cleanup(name)
+
+
+def _has_ram_check() -> bool:
+    """Whether the domains' emulator has patch 0006 (x-ram-digest-check)."""
+    emulator = _emulator()
+    assert emulator is not None
+    out = subprocess.run([str(emulator), "-M", "none", "-display", "none", "-S",
+                          "-qmp", "stdio", "-nodefaults"], capture_output=True, text=True,
+                         input='{"execute": "qmp_capabilities"}\n'
+                               '{"execute": "query-migrate-capabilities"}\n'
+                               '{"execute": "quit"}\n', timeout=30)
+    return '"x-ram-digest-check"' in out.stdout
+
+
+def test_corrupted_destination_ram_fails_the_migration(daemons: dict[str, str],
+                                                        tmp_path: Path) -> None:
+    """A byte of the destination's RAM flipped just before QEMU's in-stream check
+    (patch 0006's testing-only fault): the migration fails naming the RAM block and
+    chunk, the guest keeps running on src, livemig's passthrough setting is undone."""
+    if not _has_ram_check():
+        pytest.skip("the domain's emulator lacks x-ram-digest-check (patch 0006)")
+    from livemig.virt import qmp
+
+    offset = 0x1234567
+    name = _unique("lmbadram")
+    _define(name, "shared")
+    try:
+        report = tmp_path / "report.json"
+        proc = subprocess.run(livemig_cmd(
+            "migrate", "--domain", name, "--connect", libvirtd.uri("src"),
+            "--to", libvirtd.uri("dst"), "--unsafe", "--report", str(report),
+            "--inject-fault", f"ram-byte@{offset:#x}", "--max-time", "180"),
+            capture_output=True, text=True, timeout=240,
+            env={**os.environ, "LIVEMIG_ALLOW_FAULT_INJECTION": "1"})
+        rep = json.loads(report.read_text())
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        assert rep["outcome"] == "failed"
+        assert rep["consistency"]["ram"] == "mismatch", rep["consistency"]
+        chunk = offset & ~((1 << 20) - 1)
+        detail = rep["consistency"]["ram_detail"]["detail"]
+        assert f"bytes [{chunk:#x}, {chunk + (1 << 20):#x})" in detail, detail
+        assert "guest RAM differs from the source" in rep["reason"]
+        assert "RAM mismatch" in proc.stdout or "mismatch" in proc.stdout
+        assert rep["source_after"]["status"] == "running"
+        assert _where(name) == {"src": "running", "dst": None}
+        c = _conn("src")
+        try:
+            caps = qmp.current_capabilities(c.lookupByName(name))
+        finally:
+            c.close()
+        assert caps["x-ram-digest-check"] is False  # livemig's passthrough undone
     finally:
         _cleanup(name)
 

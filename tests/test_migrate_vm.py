@@ -122,23 +122,29 @@ def test_dead_destination_fails_and_source_keeps_running(tmp_path):
     assert qemu_pids(rid) == []
 
 
-def test_livemig_profile_converges_flat_out_writer_with_direct_throttle(tmp_path):
+@pytest.mark.parametrize("throttle", ["converge", "reference"])
+def test_livemig_profile_converges_flat_out_writer_with_its_throttle(tmp_path, throttle):
     """A writer far faster than the link: stock pre-copy never finishes (see the abort
-    test); the reference throttle through the patched set-cpu-throttle makes it converge.
+    test); the profile's throttle (converge: the smallest that fits the next round;
+    reference: 90 % then 99 %) through the patched set-cpu-throttle makes it converge.
 
     Uniform writes and xbzrle off: with a hot set, xbzrle alone sometimes converges
     it on a fast machine, and then the test would not be about the throttle."""
     r = run_migrate(tmp_path, "--memory", MEM, "--workload", "mem:size=192M,rate=0",
                     "--bandwidth", "64M", "--profile", "livemig", "--set", "xbzrle=off",
-                    "--max-time", "120")
+                    "--set", f"throttle={throttle}", "--max-time", "120")
     rep = r.report
     assert r.rc == 0, rep.get("reason")
     assert rep["outcome"] == "completed"
     assert rep["consistency"]["ram"] == "ok"
     actions = [e for e in rep["events"] if e["event"] == "action SetThrottle"]
     assert actions, "the throttle policy never acted"
-    assert actions[0]["percent"] in (90, 99) or actions[0]["reason"].startswith("staged")
-    assert rep["settings"]["livemig"]["throttle"] == "reference"
+    if throttle == "reference":
+        assert actions[0]["percent"] in (90, 99) or actions[0]["reason"].startswith("staged")
+    else:
+        assert "to fit the next remainder" in actions[0]["reason"]
+        assert 0 < actions[0]["percent"] <= 99
+    assert rep["settings"]["livemig"]["throttle"] == throttle
 
 
 def test_lz4_multifd_with_bypass_is_consistent(tmp_path):
@@ -176,6 +182,24 @@ def test_lz4_delta_multifd_is_consistent(tmp_path):
     ram = rep["qemu_final_stats"]["ram"]
     assert ram["multifd-delta-pages"] > 0
     assert ram["multifd-delta-cache-misses"] > 0  # first sends
+
+
+def test_livemig_profile_sends_a_busy_small_write_hot_set_as_deltas(tmp_path):
+    """encoding=auto (the profile's) on a flat-out writer of 128 B into its hot rows:
+    the model picks lz4-delta with a cache of half the guest's RAM, the delta path
+    runs, the converge throttle finishes it, and RAM compares ok."""
+    r = run_migrate(tmp_path, "--memory", MEM,
+                    "--workload", "mem:size=192M,rate=0,hot=85/8,touch=128",
+                    "--bandwidth", "48M", "--profile", "livemig", "--max-time", "150")
+    rep = r.report
+    assert r.rc == 0, rep.get("reason")
+    assert rep["outcome"] == "completed"
+    assert rep["consistency"]["ram"] == "ok"
+    enc = rep["encoding"]
+    assert enc["encoding"] == "lz4-delta", enc["reason"]
+    assert enc["applied"]["x-multifd-lz4-delta-cache-size"] == "256M"  # MEM is 512M
+    assert {"zstd", "lz4", "plain", "lz4-delta"} <= set(enc["page_rates"])
+    assert rep["qemu_final_stats"]["ram"]["multifd-delta-pages"] > 0
 
 
 def test_hot_page_deferral_is_consistent(tmp_path):

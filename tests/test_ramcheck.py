@@ -33,3 +33,30 @@ def test_q35_high_memory_mapping():
     assert offset_to_gpa(0x80000000, ram) == 1 << 32
     assert gpa_to_offset(1 << 32, ram) == 0x80000000
     assert offset_to_gpa(0x1000, 1 << 30) == 0x1000
+
+
+def _sparse(path, size, writes):
+    with open(path, "wb") as f:
+        f.truncate(size)
+        for off, data in writes:
+            f.seek(off)
+            f.write(data)
+
+
+def test_sparse_files_are_compared_without_filling_their_holes(tmp_path):
+    """A hole in one file and zeros or data in the other: the data is still compared;
+    the holes stay holes (tmpfs would allocate pages on a mapped read)."""
+    size = 64 << 20
+    a, b = tmp_path / "a", tmp_path / "b"
+    blob = os.urandom(8192)
+    _sparse(a, size, [(20 << 20, blob), (40 << 20, b"\0" * 4096)])
+    _sparse(b, size, [(20 << 20, blob)])
+    res = compare_ram(a, b, size)
+    assert res.ok and res.pages == size // 4096
+    _sparse(b, size, [(20 << 20, blob), (50 << 20, b"x")])  # data only in dst
+    res = compare_ram(a, b, size)
+    assert not res.ok and res.first_mismatches == [50 << 20]
+    _sparse(a, size, [(20 << 20, blob), (60 << 20, b"y")])  # data only in src
+    res = compare_ram(a, b, size)
+    assert res.mismatched_pages == 2
+    assert os.stat(a).st_blocks * 512 < 1 << 20  # still sparse

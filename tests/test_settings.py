@@ -37,7 +37,7 @@ def test_settings_that_need_capabilities():
 def test_asking_for_a_multifd_codec_means_multifd():
     w = merge("livemig", {"multifd-compression": "lz4"})
     assert w["multifd"] == "on" and w.get("xbzrle", "off") == "off"
-    assert w["throttle"] == "reference"
+    assert w["throttle"] == "converge"
     w = merge("upstream-xbzrle", {"multifd-compression": "lz4"})
     assert w["multifd"] == "on" and w["xbzrle"] == "off"
     w = merge("livemig", {"multifd-compression": "lz4", "xbzrle": "on"})

@@ -16,6 +16,7 @@ from livemig import __version__
 from livemig.accel import choose_accel
 from livemig.engine.plan import Plan
 from livemig.errors import FaultInjectionRefused, LivemigError, UsageError
+from livemig.lab import qemutrace
 from livemig.lab.leftovers import reap
 from livemig.lab.net import parse_net
 from livemig.lab.run import FAULT_KINDS, Fault, LabRun, MigrateOptions
@@ -95,6 +96,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         f"ram-byte@0xGUESTADDR, disk-byte@OFFSET, ram-stamped@N or "
                         f"disk-stamped@N (a block the guest checker owns); needs "
                         f"{FAULT_ENV}=1")
+    m.add_argument("--qemu-trace", action="append", default=[], metavar="EVENT",
+                   help="log a QEMU trace point on both ends (repeatable; 'bitmap' = bitmap "
+                   "syncs and downtime steps); parsed into the report's qemu_trace")
     m.add_argument("--keep-run-dir", action="store_true", help="keep logs of a good run")
     m.add_argument("--run-id", help="name of this run (default: random); QEMU processes "
                    "are named livemig-RUNID-src/dst")
@@ -116,6 +120,10 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--profiles", help="comma-separated profiles (default: the scenario's)")
     b.add_argument("--repeats", type=int, help="runs per profile (default: the scenario's)")
     b.add_argument("--out", type=Path, default=Path("reports/bench"), help="output directory")
+    b.add_argument("--resume", action="store_true", help="keep the reports already in "
+                   "--out and run only the missing ones")
+    b.add_argument("--summarize", action="store_true", help="no runs: summarize the "
+                   "reports already in --out")
     b.add_argument("--qemu", type=Path, help="QEMU binary for the livemig profiles "
                    "(default build/qemu/...)")
     b.add_argument("--stock-qemu", type=Path, help="QEMU binary for the stock profiles "
@@ -167,7 +175,7 @@ LAB_DEFAULTS: dict[str, object] = {
     "net": "tap",
 }
 LAB_ONLY = ("memory", "vcpus", "workload", "link", "storage", "disk_size", "disk_fill", "net",
-            "qemu", "inject_fault", "run_id", "keep_run_dir")
+            "qemu", "inject_fault", "run_id", "keep_run_dir", "qemu_trace")
 
 
 _MIGRATE_DOC = """\
@@ -201,6 +209,13 @@ link). Every migration also compares RAM (and the disk when copied) exactly.
 exit status: 0 every migration completed with no mismatch (and, with --inject, every
 fault detected), 1 a migration failed, 2 bad usage, 4 a mismatch was found or an
 injected fault went undetected."""
+
+
+def _trace_events(names: list[str]) -> tuple[str, ...]:
+    bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_*]{1,80}", n)]
+    if bad:
+        raise UsageError(f"--qemu-trace {bad[0]!r}: a trace point name or 'bitmap'")
+    return qemutrace.expand(names)
 
 
 def _parse_faults(items: list[str]) -> list[Fault]:
@@ -248,6 +263,7 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         testbed=a.link.strip().lower() != "local",
         link=None if a.link.strip().lower() == "local" else parse_link_rate(a.link),
         storage=a.storage, disk_fill=a.disk_fill, explicit=frozenset(sets), net=net,
+        trace_events=_trace_events(a.qemu_trace),
     )
     if net.vhost_user and not opts.testbed:
         raise UsageError("--net vhost-user needs the testbed's hosts: not with --link local")
@@ -374,11 +390,19 @@ def cmd_bench(a: argparse.Namespace) -> int:
             binaries({**sc, "profiles": profiles or sc["profiles"]}, a.qemu, a.stock_qemu)
     if a.repeats is not None and a.repeats < 1:
         raise UsageError("--repeats must be at least 1")
+    reuse = "only" if a.summarize else "resume" if a.resume else "no"
+    if reuse == "only":
+        if not a.out.is_dir():
+            raise UsageError(f"--summarize: no reports in {a.out}")
+        md = asyncio.run(run_bench(a.scenarios, a.out, "-", "", a.qemu, a.repeats,
+                                   profiles, a.quiet, a.stock_qemu, reuse))
+        print(md)
+        return 0
     ensure_root()
     reap()
     choice = choose_accel(a.accel)
     md = asyncio.run(run_bench(a.scenarios, a.out, choice.name, choice.reason, a.qemu,
-                               a.repeats, profiles, a.quiet, a.stock_qemu))
+                               a.repeats, profiles, a.quiet, a.stock_qemu, reuse))
     print(md)
     print(f"results in {a.out}/")
     return 0

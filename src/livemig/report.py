@@ -46,6 +46,7 @@ class LabFacts:
     pinning: dict[str, Any] | None
     encoding: dict[str, Any] | None
     settings: dict[str, Any]  # memory, vcpus, qemu, testbed, storage, faults, ...
+    qemu_trace: dict[str, Any] | None = None  # bitmap syncs, downtime steps (--qemu-trace)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ def build_report(rec: MigrationRecord, lab: LabFacts | AttachFacts | None = None
         "settings_restored": rec.restored,
         "pinning": lab.pinning if isinstance(lab, LabFacts) else None,
         "encoding": lab.encoding if isinstance(lab, LabFacts) else None,
+        "qemu_trace": lab.qemu_trace if isinstance(lab, LabFacts) else None,
         "qemu_final_stats": stats,
         "timeline": list(rec.timeline),
         "events": list(rec.events),

@@ -106,10 +106,11 @@ PROFILES: dict[str, dict[str, str]] = {
     },
     "upstream-xbzrle": {"auto-converge": "on", "xbzrle": "on", "xbzrle-cache-size": "256M"},
     "upstream-plain": {"auto-converge": "on"},
-    # Everything livemig has, on: the reference throttle through the patched direct
-    # knob instead of auto-converge, xbzrle for the hot set's small writes, a
+    # Everything livemig has, on: the stream encoding chosen from the guest's pages,
+    # the link and the CPU (lz4 delta for small writes), the converge throttle
+    # through the patched set-cpu-throttle instead of auto-converge's ladder, a
     # downtime ramp, and a forced switchover as the last resort.
-    "livemig": {"encoding": "auto", "throttle": "reference",
+    "livemig": {"encoding": "auto", "throttle": "converge",
                 "downtime-ramp": "on", "max-downtime": "1000", "on-stall": "force",
                 "io-qos": "on", "pin": "auto", "disk-schedule": "first",
                 "disk-granularity": "auto", "disk-copy-mode": "write-blocking"},

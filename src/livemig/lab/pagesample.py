@@ -6,9 +6,18 @@ import asyncio
 import mmap
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 PAGE = 4096
+
+
+@dataclass(frozen=True)
+class PageSample:
+    pairs: list[tuple[bytes, bytes]]  # (before, after) of the pages that changed
+    pages: list[bytes]  # the non-zero pages of the first look
+    nonzero_share: float  # share of all pages looked at that were not zero
+    interval: float  # seconds between the two looks
 
 
 def _read(path: Path, offsets: list[int]) -> list[bytes]:
@@ -19,15 +28,18 @@ def _read(path: Path, offsets: list[int]) -> list[bytes]:
 
 
 async def rewritten_pages(path: Path, pages: int = 4096, interval: float = 0.5,
-                          seed: int = 1) -> list[tuple[bytes, bytes]]:
-    """Look at ``pages`` random non-zero pages twice, ``interval`` apart; return the
-    (before, after) pairs of those that changed."""
+                          seed: int = 1) -> PageSample:
+    """Look at random pages (twice ``pages``) and keep up to ``pages`` non-zero ones,
+    then look at those again ``interval`` later."""
     size = path.stat().st_size
     rng = random.Random(seed)
     offsets = sorted({rng.randrange(size // PAGE) * PAGE for _ in range(pages * 2)})
     before = await asyncio.to_thread(_read, path, offsets)
     zero = bytes(PAGE)
-    keep = [(o, b) for o, b in zip(offsets, before, strict=True) if b != zero][:pages]
+    nonzero = [(o, b) for o, b in zip(offsets, before, strict=True) if b != zero]
+    share = len(nonzero) / max(1, len(offsets))
+    keep = sorted(rng.sample(nonzero, pages)) if len(nonzero) > pages else nonzero
     await asyncio.sleep(interval)
     after = await asyncio.to_thread(_read, path, [o for o, _ in keep])
-    return [(b, a) for (_, b), a in zip(keep, after, strict=True) if a != b]
+    pairs = [(b, a) for (_, b), a in zip(keep, after, strict=True) if a != b]
+    return PageSample(pairs, [b for _, b in keep], share, interval)

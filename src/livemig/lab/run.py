@@ -35,7 +35,7 @@ from livemig.engine.plan import Plan
 from livemig.engine.record import MigrationRecord
 from livemig.engine.run import Engine, Hooks, Interrupted
 from livemig.errors import LivemigError, UsageError, VMError
-from livemig.lab import faults, pagesample
+from livemig.lab import faults, pagesample, qemutrace
 from livemig.lab.agent import AgentLink
 from livemig.lab.disk import DiskCopy, disks, make_images
 from livemig.lab.diskcheck import DiskComparison, compare_images
@@ -97,6 +97,7 @@ class MigrateOptions:
     keep_destination: bool = False
     images: tuple[Path, Path] | None = None  # disk images owned by the caller
     testbed_held: bool = False  # the caller holds the testbed lock
+    trace_events: tuple[str, ...] = ()  # QEMU trace points on both ends (report: qemu_trace)
 
     def plan(self, uri: str = "") -> Plan:
         """The engine's plan; validated before anything boots."""
@@ -141,6 +142,7 @@ class LabRun(Hooks):
         self.src_agent: AgentLink | None = None
         self.dst_agent: AgentLink | None = None
         self.t_ready: float | None = None
+        self.qemu_trace: dict[str, Any] | None = None
         self.t_migrate: float | None = None
         self.t_end: float | None = None
         self.source_after: dict[str, Any] | None = None
@@ -488,9 +490,10 @@ class LabRun(Hooks):
             self.event("encoding not chosen", reason=f"set explicitly: {', '.join(given)}")
             return
         if want == "auto":
-            pairs = await pagesample.rewritten_pages(self.src.config.mem_path)
-            choice = await asyncio.to_thread(encoding.choose, pairs,
-                                             await self._encoding_context())
+            sample = await pagesample.rewritten_pages(self.src.config.mem_path)
+            ctx = await self._encoding_context()
+            choice = await asyncio.to_thread(encoding.choose, sample.pairs, ctx, sample.pages,
+                                             sample.nonzero_share, sample.interval)
         elif want in encoding.ENCODINGS:
             choice = encoding.Choice(want, "set explicitly")
         else:
@@ -501,7 +504,8 @@ class LabRun(Hooks):
         self._wanted.update(applied)
         self.encoding = {"encoding": choice.encoding, "reason": choice.reason,
                          "changed_share": choice.changed_share, "zlib_ratio": choice.ratio,
-                         "samples": choice.samples, "applied": applied}
+                         "samples": choice.samples, "applied": applied,
+                         "page_rates": {k: round(v) for k, v in choice.page_rates.items()}}
         self.event("encoding chosen", **self.encoding)
         self.progress.step(f"stream encoding {choice.encoding}: {choice.reason}")
 
@@ -578,7 +582,7 @@ class LabRun(Hooks):
             kernel=paths.guest_kernel(), initrd=paths.guest_initrd(), append=append,
             run_dir=self.run_dir, mem_path=mem_path, incoming=incoming,
             start_paused=incoming and o.verify, disks=disks,
-            exec_prefix=prefix, extra_args=extra,
+            exec_prefix=prefix, extra_args=extra, trace_events=o.trace_events,
         )
 
     async def _wait_ready(self) -> None:
@@ -724,6 +728,10 @@ class LabRun(Hooks):
             if vm is not None and (keep is None or vm is not keep.vm):
                 with contextlib.suppress(Exception):
                     await vm.stop()
+        if self.opts.trace_events and self.src is not None and self.dst is not None:
+            self.qemu_trace = qemutrace.summarize(
+                qemutrace.read(self.src.config.trace_path),
+                qemutrace.read(self.dst.config.trace_path), self.t_migrate)
         for f in self._mem_files:
             with contextlib.suppress(FileNotFoundError):
                 f.unlink()
@@ -788,6 +796,7 @@ class LabRun(Hooks):
             guest_errors=guest_errors,
             migration_thread_cpu=round(self.src.migration_thread_cpu(), 3) if self.src else None,
             pinning=self.pinning or None, encoding=self.encoding,
+            qemu_trace=self.qemu_trace,
             settings={
                 "memory": o.memory, "vcpus": o.vcpus, "qemu": str(o.qemu),
                 "testbed": o.testbed, "link_bits": o.link if o.testbed else None,

@@ -27,6 +27,7 @@ from qemu.qmp import QMPClient
 
 from livemig.engine.endpoint import Endpoint
 from livemig.errors import VMError
+from livemig.lab import qemutrace
 from livemig.paths import FIRMWARE_DIRS
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,12 @@ class VMConfig:
     disks: list[Disk] = field(default_factory=list)
     exec_prefix: list[str] = field(default_factory=list)  # e.g. ip netns exec lm-src
     extra_args: list[str] = field(default_factory=list)
+    trace_events: tuple[str, ...] = ()  # QEMU trace points logged to trace_path
+    prealloc_threads: int = 0  # > 0: prealloc=on with this many threads (start-time study)
+
+    @property
+    def trace_path(self) -> Path:
+        return self.run_dir / f"{self.name}.trace"
 
     @property
     def qmp_path(self) -> Path:
@@ -89,7 +96,9 @@ class VMConfig:
             "-accel", self.accel,
             "-machine", "q35,memory-backend=ram0",
             "-object",
-            f"memory-backend-file,id=ram0,size={mib}M,mem-path={self.mem_path},share=on",
+            f"memory-backend-file,id=ram0,size={mib}M,mem-path={self.mem_path},share=on"
+            + (f",prealloc=on,prealloc-threads={self.prealloc_threads}"
+               if self.prealloc_threads > 0 else ""),
             "-m", f"{mib}M",
             "-smp", str(self.vcpus),
             "-kernel", str(self.kernel), "-initrd", str(self.initrd),
@@ -111,6 +120,8 @@ class VMConfig:
                 "-blockdev", f"driver={disk.fmt},file={disk.node}-file,node-name={disk.node}",
                 "-device", f"virtio-blk-pci,drive={disk.node},id=vdisk{i}",
             ]
+        if self.trace_events:
+            argv += qemutrace.trace_args(self.trace_path, self.trace_events)
         if self.incoming:
             argv += ["-incoming", "defer"]
         if self.start_paused:

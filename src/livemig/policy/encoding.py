@@ -1,27 +1,30 @@
-"""Which stream encoding suits the guest's dirty pages, the link and the CPU left.
+"""Which stream encoding suits the guest's pages, the link and the CPU left.
 
-Decided from a sample of the pages the guest really rewrites (two looks at the same
-random pages a moment apart, straight from the shared RAM backing file), weighed
-against what the stream can use (the link or ``--bandwidth``) and the host CPUs the
-migration threads get beside the vCPUs:
+Decided from a sample of the guest's memory (two looks at the same random pages a
+moment apart, straight from the shared RAM backing file), weighed against what the
+stream can use (the link or ``--bandwidth``) and the host CPUs the migration threads
+get beside the vCPUs. Every encoding the QEMU has — ``zstd`` level 1, ``lz4``,
+``plain`` multifd and, with the patched QEMU, ``lz4-delta`` (re-sent pages as XOR
+deltas inside the lz4 multifd channels) — is timed here on the sampled pages packed
+like multifd packets (deltas on the XOR of the two looks), and a small model of
+pre-copy (``estimate``) turns each codec's page rate ``min(cpus × speed, link ×
+ratio)`` into seconds, bytes and guest work lost:
 
-- most rewrites change only a small part of the page (databases updating rows,
-  counters, caches touching 64 bytes): send the delta against the version sent
-  before. With the patched QEMU that is ``lz4-delta`` — XOR deltas inside the lz4
-  multifd channels, so small writes get both the delta and the parallelism
-  (measured 0.18× the time and 0.16× the bytes of multifd zstd with a 512 MiB cache
-  on a flat-out 128 B-write hot set). Its cache must hold the pages that are sent
-  again, so it is sized from the guest: half its RAM (the hot set cannot be told from
-  a 0.5 s sample), within a share of the host's free memory. Stock QEMU: ``xbzrle``
-  (one thread, but deltas).
-- whole pages are rewritten: every codec the QEMU has (``zstd`` level 1, ``lz4``,
-  ``plain``) is run on the sampled pages, packed like a multifd packet, here on this
-  host; each one's page rate is ``min(cpus × compress speed, link × ratio)`` — the
-  CPU or the link, whichever binds first — and the fastest wins (ties, within
-  ``TIE``, go to the fewer bytes). On a 1 gbit link a codec's ratio decides
-  (zstd-1: 2.35 on mixed data against lz4's 1.98); on a fast link with one spare
-  CPU its speed does (lz4 moves 1.8× zstd-1's pages per core); data that does not
-  compress goes ``plain``, compressing it would burn CPU for nothing.
+- a first pass over the guest's non-zero memory: its codec's ratio decides on a slow
+  link (zstd-1: 2.35 on mixed data against lz4's 1.98), its speed on a fast one
+  with one spare CPU (lz4 moves 1.8× zstd-1's pages per core);
+- then rounds re-sending what the guest dirtied meanwhile: small rewrites (databases
+  updating rows, counters) compress to a few dozen bytes as deltas, so ``lz4-delta``
+  drains them many times faster than any whole-page codec (measured 0.18× the time
+  and 0.16× the bytes of multifd zstd on a flat-out 128 B-write hot set); when the
+  guest dirties faster than the rounds can halve, a throttle has to help, which
+  costs guest work.
+
+The least time plus work lost wins (fewer bytes among near ties). A database that
+updates few rows gets zstd (its first pass is its migration); a busy one lz4-delta,
+with a source cache of half the guest's RAM within a quarter of the host's free
+memory (the hot set cannot be told from a 0.5 s sample). Stock QEMU gets xbzrle for
+small deltas (one thread, but deltas).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ UNSHAPED = 10e9 / 8  # bytes/s assumed when nothing caps the stream
 # CPU-bound on 2 CPUs: ~1 GB/s per CPU for both ends' socket work)
 PLAIN_SPEED = 1e9
 RATIO_STEP = 0.05  # ratios this close count as equal (then the cheaper codec wins)
+MAX_Q = 0.5  # re-send rounds must at least halve: else a throttle has to help
 MIN_DELTA_CACHE = 64 << 20
 HOST_SHARE = 4  # the delta cache takes at most 1/4 of the host's available memory
 DELTA_KEY = "x-multifd-lz4-delta-cache-size"
@@ -116,11 +120,11 @@ def measure_codecs(pages: list[bytes], names: frozenset[str],
     out = {"plain": Codec(1.0, PLAIN_SPEED)}
     for name in sorted(names & set(_COMPRESS)):
         f = _COMPRESS[name]
-        n, t0 = 0, time.perf_counter()
+        n, t0 = 0, time.thread_time()
         while True:
             packed = sum(len(f(p)) for p in packets)
             n += 1
-            dt = time.perf_counter() - t0
+            dt = time.thread_time() - t0
             if dt >= min_time:
                 break
         ratio = size / max(1, packed)
@@ -156,31 +160,101 @@ def delta_cache(ctx: Context) -> int:
     return size
 
 
+def xor(a: bytes, b: bytes) -> bytes:
+    """The delta patch 5 sends for a re-sent page: old XOR new."""
+    return (int.from_bytes(a, "little") ^ int.from_bytes(b, "little")).to_bytes(
+        len(a), "little")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One encoding's modelled migration: a first pass over the non-zero pages, then
+    rounds re-sending what the guest dirtied meanwhile."""
+
+    seconds: float
+    bytes: float
+    work_lost: float  # seconds of guest work a throttle takes to make it converge
+    first_rate: float  # page bytes/s of the first pass
+    resend_rate: float  # page bytes/s of re-sent pages
+
+    @property
+    def score(self) -> float:
+        return self.seconds + self.work_lost
+
+
+def estimate(first: Codec, resend: Codec, nonzero: float, dirty_rate: float,
+             ctx: Context) -> Estimate:
+    """``nonzero``: guest bytes the first pass sends as data; ``dirty_rate``: distinct
+    bytes per second the guest dirties.
+
+    The pages dirtied during the first pass (at most all of them) go again, then what
+    was dirtied meanwhile, and so on: with ``q`` = dirty rate ÷ re-send rate the
+    rounds add up to ``R / (1 − q)``. When ``q`` exceeds ``MAX_Q`` the rounds do not
+    shrink fast enough on their own: a throttle holds the guest at ``1 − MAX_Q / q``
+    for the re-send phase, which costs that share of the guest's work."""
+    p1, p2 = page_rate(first, ctx), page_rate(resend, ctx)
+    t1 = nonzero / p1
+    again = min(nonzero, dirty_rate * t1)
+    q = dirty_rate / p2
+    throttle = max(0.0, 1.0 - MAX_Q / q) if q > 0 else 0.0
+    total_again = again / (1.0 - min(q, MAX_Q))
+    t2 = total_again / p2
+    return Estimate(t1 + t2, nonzero / first.ratio + total_again / resend.ratio,
+                    throttle * t2, p1, p2)
+
+
 def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
-           default: str = "xbzrle") -> Choice:
-    """``pairs``: (before, after) of pages that changed between two looks."""
+           pages: list[bytes] | None = None, nonzero_share: float = 1.0,
+           interval: float = 0.5) -> Choice:
+    """``pairs``: (before, after) of the pages that changed between two looks
+    ``interval`` seconds apart; ``pages``: the non-zero pages of the first look (what
+    the first pass sends), ``nonzero_share`` of all pages looked at.
+
+    Every encoding the QEMU has is timed on these pages and modelled (``estimate``):
+    the first pass over the guest's non-zero memory, then the rounds re-sending what
+    the guest dirtied meanwhile. The least time plus guest work lost wins; within
+    ``TIE`` the one that sends fewer bytes. On
+    stock QEMU small deltas go to xbzrle (one thread, but deltas)."""
     ctx = ctx or Context()
-    if len(pairs) < MIN_SAMPLES:
-        return Choice(default, f"only {len(pairs)} rewritten pages seen: default {default}",
-                      samples=len(pairs))
-    share = statistics.median(changed_share(a, b) for a, b in pairs)
-    ratio = statistics.median(len(b) / max(1, len(zlib.compress(b, 1))) for _, b in pairs)
-    facts = (f"{len(pairs)} rewritten pages: median {100 * share:.1f}% of bytes changed, "
-             f"zlib-1 ratio {ratio:.2f}")
-    if share <= SMALL_DELTA:
-        if ctx.delta:
-            cache = delta_cache(ctx)
-            return Choice("lz4-delta", f"{facts}: small deltas, {cache >> 20} MiB delta "
-                          "cache (half the guest's RAM)", share, ratio, len(pairs),
-                          settings={DELTA_KEY: f"{cache >> 20}M"})
-        return Choice("xbzrle", f"{facts}: small deltas", share, ratio, len(pairs))
-    codecs = measure_codecs([b for _, b in pairs], ctx.codecs)
-    name, rates = fastest(codecs, ctx)
+    pages = pages if pages is not None else [b for _, b in pairs]
+    if len(pages) < MIN_SAMPLES:
+        return Choice("plain", f"{len(pages)} non-zero pages seen: plain multifd (the "
+                      "channels find zero pages)", samples=len(pairs))
+    nonzero = ctx.guest_ram * nonzero_share
+    dirty_rate = nonzero * min(1.0, len(pairs) / len(pages)) / interval
+    share = ratio = None
+    facts = f"{len(pages)} non-zero pages, {len(pairs)} rewritten in {interval:g}s"
+    if len(pairs) >= MIN_SAMPLES:
+        share = statistics.median(changed_share(a, b) for a, b in pairs)
+        ratio = statistics.median(len(b) / max(1, len(zlib.compress(b, 1)))
+                                  for _, b in pairs)
+        facts += f" (median {100 * share:.1f}% of bytes changed)"
+        if share <= SMALL_DELTA and not ctx.delta:
+            return Choice("xbzrle", f"{facts}: small deltas", share, ratio, len(pairs))
+    codecs = ctx.codecs | ({"lz4"} if ctx.delta else set())  # delta rides on lz4
+    first = measure_codecs(pages, codecs)
+    again = (measure_codecs([b for _, b in pairs], codecs)
+             if len(pairs) >= MIN_SAMPLES else first)
+    est = {n: estimate(first[n], again[n], nonzero, dirty_rate, ctx) for n in first}
+    if ctx.delta and "lz4" in first and len(pairs) >= MIN_SAMPLES:
+        deltas = measure_codecs([xor(a, b) for a, b in pairs], frozenset({"lz4"}))["lz4"]
+        est["lz4-delta"] = estimate(first["lz4"], deltas, nonzero, dirty_rate, ctx)
+    top = min(e.score for e in est.values())
+    near = [n for n, e in est.items() if e.score <= (1 + TIE) * top]
+    name = min(near, key=lambda n: (est[n].bytes, est[n].score))
     link = f"{(ctx.link_rate or UNSHAPED) * 8 / 1e6:.0f} Mbit/s"
-    why = ", ".join(f"{n} {r / 2**20:.0f}" for n, r in sorted(rates.items()))
-    return Choice(name, f"{facts}: whole pages; MiB/s of pages at {link} and "
-                  f"{ctx.cpus:g} CPU: {why}", share, ratio, len(pairs),
-                  page_rates=rates)
+    why = ", ".join(f"{n} {e.seconds:.1f}s+{e.work_lost:.1f}s lost/{e.bytes / 2**20:.0f}MiB"
+                    for n, e in sorted(est.items()))
+    settings = {}
+    reason = (f"{facts}; modelled at {link} and {ctx.cpus:g} CPU for "
+              f"{nonzero / 2**20:.0f} MiB non-zero, {dirty_rate / 2**20:.0f} MiB/s dirtied: "
+              f"{why}")
+    if name == "lz4-delta":
+        cache = delta_cache(ctx)
+        settings[DELTA_KEY] = f"{cache >> 20}M"
+        reason += f"; {cache >> 20} MiB delta cache (half the guest's RAM)"
+    return Choice(name, reason, share, ratio, len(pairs), settings=settings,
+                  page_rates={n: e.first_rate for n, e in est.items()})
 
 
 def host_available() -> int | None:

@@ -16,7 +16,7 @@ from livemig.virt.run import DomainOptions, run_domain_migration
 
 # options of a lab run (livemig boots the guest) that mean nothing for a domain
 LAB_ONLY = ("memory", "vcpus", "workload", "link", "qemu", "accel", "disk_size", "net",
-            "disk_fill", "keep_run_dir", "run_id")
+            "disk_fill", "keep_run_dir", "run_id", "qemu_trace")
 FAULT_ENV = "LIVEMIG_ALLOW_FAULT_INJECTION"
 
 
@@ -32,31 +32,40 @@ def options(a: argparse.Namespace, defaults: dict[str, Any]) -> DomainOptions:
     if a.report and a.report.is_dir():
         raise UsageError(f"--report {a.report} is a directory")
     sets = parse_sets(a.set)
+    kind, offset = _fault(a.inject_fault, a.storage)
     req = Request(storage=a.storage,
                   bandwidth=parse_size(a.bandwidth, "--bandwidth") if a.bandwidth else None,
-                  unsafe=a.unsafe, verify=not a.no_verify, migrate_uri=a.migrate_uri)
+                  unsafe=a.unsafe, verify=not a.no_verify, migrate_uri=a.migrate_uri,
+                  ram_fault=offset if kind == "ram-byte" else None)
     return DomainOptions(domain=a.domain, src_uri=a.connect, dst_uri=a.to,
                          profile=a.profile, wanted=merge(a.profile, sets),
                          explicit=frozenset(sets), request=req, max_time=a.max_time,
-                         disk_fault=_disk_fault(a.inject_fault, a.storage))
+                         disk_fault=offset if kind == "disk-byte" else None)
 
 
-def _disk_fault(items: list[str], storage: str) -> int | None:
-    """``--inject-fault disk-byte@OFFSET``: the only fault of a libvirt run."""
+def _fault(items: list[str], storage: str) -> tuple[str | None, int | None]:
+    """``--inject-fault disk-byte@OFFSET`` (a byte of the destination's copied image,
+    flipped before the images are compared) or ``ram-byte@OFFSET`` (a byte of the
+    destination's main RAM block, flipped by its QEMU just before the in-stream RAM
+    check): one fault per libvirt run."""
     if not items:
-        return None
+        return None, None
     if os.environ.get(FAULT_ENV) != "1":
         raise FaultInjectionRefused(f"--inject-fault corrupts the migrated guest on "
                                     f"purpose; set {FAULT_ENV}=1 to allow it")
     kind, sep, addr = items[0].partition("@")
-    if len(items) > 1 or kind != "disk-byte" or not sep:
-        raise UsageError("with --domain only one --inject-fault disk-byte@OFFSET")
-    if storage != "copy":
+    if len(items) > 1 or kind not in ("disk-byte", "ram-byte") or not sep:
+        raise UsageError("with --domain only one --inject-fault disk-byte@OFFSET or "
+                         "ram-byte@OFFSET")
+    if kind == "disk-byte" and storage != "copy":
         raise UsageError("--inject-fault disk-byte needs --storage copy")
     try:
-        return int(addr, 0)
+        offset = int(addr, 0)
     except ValueError:
         raise UsageError(f"bad --inject-fault offset {addr!r}") from None
+    if kind == "ram-byte" and offset <= 0:
+        raise UsageError("--inject-fault ram-byte@OFFSET: OFFSET must be positive")
+    return kind, offset
 
 
 def cmd_migrate_domain(a: argparse.Namespace, defaults: dict[str, Any]) -> int:

@@ -13,6 +13,10 @@ capabilities and parameters on *both* QEMUs and resets them afterwards. What lib
   (``VIR_MIGRATE_PARAM_DEST_XML``), since the destination QEMU is started by the
   other daemon and must decode the same method. The persistent definition on the
   destination stays the user's;
+- the in-stream RAM check (patch 0006, capability ``x-ram-digest-check``): on the
+  source only, by passthrough; the source sends its RAM digests at switchover and the
+  destination fails the migration on a mismatch, so libvirt resumes the source. On
+  by default when the source QEMU has it and ``--no-verify`` was not given;
 - the patched QEMU's knobs (``cpu-throttle-direct`` / ``set-cpu-throttle``,
   ``multifd-lz4-*``, ``hot-page-*``) and any other stock parameter libvirt does not
   manage (e.g. ``throttle-trigger-threshold``, ``announce-*``): passthrough on the
@@ -85,6 +89,10 @@ THROTTLE_CANCEL = "cancel-cpu-throttle"
 THROTTLE_PARAM = "cpu-throttle-direct"
 LEASE_PARAM = "cpu-throttle-lease-ms"
 LZ4_MARK = "multifd-lz4-acceleration"  # present in the patched build only
+# patched QEMU (0006): the in-stream RAM check, and its testing-only fault (a byte of
+# the destination's first RAM block flipped before it compares)
+RAM_CHECK_CAP = "x-ram-digest-check"
+RAM_CHECK_FAULT = "x-ram-digest-check-fault"
 LAB_ONLY = ("io-qos", "pin", "disk-granularity", "disk-schedule", "disk-speed",
             "disk-copy-mode", "warmup", "settle", "client-stream")
 POLICY_THROTTLES = ("reference", "direct", "staged", "converge")
@@ -117,6 +125,7 @@ class Request:
     unsafe: bool = False
     verify: bool = True
     migrate_uri: str | None = None  # where the data goes (default: libvirt's choice)
+    ram_fault: int | None = None  # debug: the destination flips this byte before the check
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,8 @@ class Plan:
     on_stall: str
     poll_interval: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    ram_check: bool = False  # the source sends RAM digests; the destination compares
+    ram_check_why: str = ""  # why not, when it is off
 
     def flag_names(self) -> list[str]:
         return [n for f, n in FLAG_NAMES.items() if self.flags & f]
@@ -146,7 +157,9 @@ class Plan:
                 "downtime_ms": self.downtime_ms, "throttle": self.throttle,
                 "throttle_knob": self.throttle_knob, "downtime_ramp": self.downtime_ramp,
                 "max_downtime": self.max_downtime, "on_stall": self.on_stall,
-                "poll_interval": self.poll_interval, "notes": list(self.notes)}
+                "poll_interval": self.poll_interval, "notes": list(self.notes),
+                "ram_check": ("in-stream digest" if self.ram_check
+                              else f"off: {self.ram_check_why}")}
 
 
 def _onoff(key: str, value: str) -> bool:
@@ -277,11 +290,44 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
     if req.verify and req.storage == "copy":
         flags |= PAUSED  # the images are compared before the destination runs
     dst_globals = {k: str(v) for k, v in src_qmp.items() if k in STREAM_PARAMS}
+    ram_check, why = _ram_check(qemu, req, flags, src_caps)
+    if ram_check:
+        src_caps[RAM_CHECK_CAP] = True
+    if req.ram_fault is not None:
+        if not ram_check:
+            raise UsageError(f"--inject-fault ram-byte needs the in-stream RAM check, "
+                             f"which is off: {why}")
+        dst_globals[RAM_CHECK_FAULT] = str(req.ram_fault)
     return Plan(flags=flags, params=params, src_qmp=src_qmp, src_caps=src_caps,
                 dst_globals=dst_globals, downtime_ms=downtime, throttle=throttle,
                 throttle_knob=knob, downtime_ramp=bool(lm["downtime-ramp"]),
                 max_downtime=int(lm["max-downtime"]), on_stall=on_stall,
-                poll_interval=float(lm["poll-interval"]), notes=tuple(notes))
+                poll_interval=float(lm["poll-interval"]), notes=tuple(notes),
+                ram_check=ram_check, ram_check_why=why)
+
+
+def _ram_check(qemu: QemuInfo, req: Request, flags: int,
+               src_caps: Mapping[str, bool]) -> tuple[bool, str]:
+    """Whether the source sends its RAM digests in the stream (patch 0006), or why not.
+
+    libvirt stops the source QEMU inside the call that completes the migration, so
+    the source cannot be digested from outside once it is frozen; the check has to
+    happen inside the migration, where QEMU fails it on a mismatch (libvirt then
+    resumes the source).
+    """
+    if not req.verify:
+        return False, "--no-verify"
+    if RAM_CHECK_CAP not in qemu.capabilities:
+        return False, (f"the domain's QEMU has no {RAM_CHECK_CAP} capability (patch 0006 "
+                       "of livemig's series adds it); libvirt stops the source QEMU in "
+                       "the call that completes the migration, so it cannot be "
+                       "digested from outside")
+    if flags & POSTCOPY:
+        return False, (f"post-copy: the destination runs before all RAM has arrived "
+                       f"(QEMU refuses {RAM_CHECK_CAP} with postcopy-ram)")
+    if src_caps.get(RAM_CHECK_CAP) is False:
+        return False, f"--set {RAM_CHECK_CAP}=off"
+    return True, ""
 
 
 def _mib(bytes_per_s: int) -> int:

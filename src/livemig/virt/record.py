@@ -77,7 +77,8 @@ def summary(rep: dict[str, Any]) -> str:
         + (f" in {rep['rounds']} rounds" if rep["rounds"] is not None else ""),
         f"CPU seconds      source {_f(cpu['source'], '')}, destination "
         f"{_f(cpu['destination'], '')}",
-        f"consistency      RAM {cons['ram']}, disk {cons['disk']}" + "".join(
+        f"consistency      RAM {cons['ram']}{_ram_note(cons['ram_detail'])}, disk "
+        f"{cons['disk']}" + "".join(
             f" ({t} at {', '.join(d['first_mismatches'])})"
             for t, d in cons["disk_detail"].get("disks", {}).items()
             if d.get("result") == "mismatch"),
@@ -87,6 +88,15 @@ def summary(rep: dict[str, Any]) -> str:
     if rep.get("source_after"):
         lines.append(f"source after     {rep['source_after'].get('status')}")
     return "\n".join(lines)
+
+
+def _ram_note(d: dict[str, Any]) -> str:
+    if d.get("result") == "ok" and "source_s" in d:
+        return (f" ({d['method']}: {fmt_bytes(d['bytes'])}, source "
+                f"{d['source_s']:.3f} s, destination {d['destination_s']:.3f} s)")
+    if d.get("result") == "mismatch":
+        return f" ({d['detail']})"
+    return ""
 
 
 def _f(v: float | None, unit: str) -> str:

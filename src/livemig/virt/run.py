@@ -55,6 +55,8 @@ from livemig.virt.plan import (
     LEASE_PARAM,
     PAUSED,
     POLICY_THROTTLES,
+    RAM_CHECK_CAP,
+    STREAM_PARAMS,
     THROTTLE_CANCEL,
     THROTTLE_COMMAND,
     THROTTLE_PARAM,
@@ -70,7 +72,7 @@ log = logging.getLogger(__name__)
 LEASE_MS = 1000  # the throttle falls back to 0 unless renewed (polls are 4x faster)
 ABORT_WAIT_S = 60.0
 ABORT_RETRY_S = 1.0
-RAM_DIGEST_COMMAND = "x-query-ram-digest"
+RAM_CHECK_METHOD = f"in-stream digest ({RAM_CHECK_CAP})"
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,9 @@ class DomainMigration:
             "source_host": self.src_conn.getHostname(),
             "destination_host": self.dst_conn.getHostname(),
         }
-        self.run.ram_check = self._ram_check_plan(info.commands)
+        self.run.ram_check = ({"result": "pending", "method": RAM_CHECK_METHOD}
+                              if plan.ram_check else
+                              {"result": "skipped", "why": plan.ram_check_why})
         for note in plan.notes:
             self.run.event("not applied", note=note)
             self.progress.step(note)
@@ -194,16 +198,6 @@ class DomainMigration:
         self.last_resort = LastResort(plan.on_stall)
         with contextlib.suppress(self.libvirt.libvirtError):
             self.orig_downtime = int(self.dom.migrateGetMaxDowntime(0))
-
-    def _ram_check_plan(self, commands: frozenset[str]) -> dict[str, Any]:
-        if RAM_DIGEST_COMMAND not in commands:
-            return {"result": "skipped",
-                    "why": f"the domain's QEMU has no {RAM_DIGEST_COMMAND} (the patched "
-                           "build adds it)"}
-        return {"result": "skipped",
-                "why": "libvirt stops the source QEMU in the same step that completes "
-                       "the migration, so the frozen source cannot be digested from "
-                       "outside; needs QEMU to digest at switchover (see docs)"}
 
     def _repair_leftovers(self) -> None:
         """Undo what a dead livemig run (kill -9) left set on this domain's QEMU, on
@@ -245,7 +239,8 @@ class DomainMigration:
             journal.write(self.opts.domain, src_uri=self.opts.src_uri,
                           dst_uri=self.opts.dst_uri, params=self.restore_params,
                           caps=self.restore_caps,
-                          dst_params={k: current.get(k, "none") for k in plan.dst_globals})
+                          dst_params={k: current.get(k, "none") for k in plan.dst_globals
+                                      if k in STREAM_PARAMS})
         if plan.src_caps:
             qmp.command(self.dom, "migrate-set-capabilities", capabilities=[
                 {"capability": k, "state": v} for k, v in plan.src_caps.items()])
@@ -341,6 +336,8 @@ class DomainMigration:
         else:
             self.run.result = Outcome("failed", message(err) if isinstance(
                 err, self.libvirt.libvirtError) else repr(err))
+        if self.run.result.outcome != "completed" and plan.ram_check:
+            self.run.ram_check = ram_check_failed(self.run.result.reason or "")
         self.progress.close()
 
     def _watch_iterations(self) -> None:
@@ -485,8 +482,11 @@ class DomainMigration:
             else:
                 dst.resume()
                 self.run.event("destination resumed")
-        if plan.dst_globals:  # the destination QEMU's own settings back as they were
-            restore = {k: self.restore_params.get(k, "none") for k in plan.dst_globals}
+        if plan.ram_check:
+            self.run.ram_check = self._ram_check_result(dst)
+        stream = [k for k in plan.dst_globals if k in STREAM_PARAMS]
+        if stream:  # the destination QEMU's own settings back as they were
+            restore = {k: self.restore_params.get(k, "none") for k in stream}
             try:
                 qmp.command(dst, "migrate-set-parameters", **restore)
             except LibvirtError as e:
@@ -498,6 +498,27 @@ class DomainMigration:
         still = find(self.src_conn, o.domain)
         self.run.destination["gone_from_source"] = still is None
         self.progress.step(f"{o.domain} runs on {o.dst_uri}")
+
+    def _ram_check_result(self, dst: Any) -> dict[str, Any]:
+        """The destination's figures of the in-stream check: a completed migration
+        with the check means the destination's RAM matched the source's digests."""
+        try:
+            info = qmp.command(dst, "query-migrate")
+        except LibvirtError as e:
+            return {"result": "skipped", "method": RAM_CHECK_METHOD,
+                    "why": f"the destination's query-migrate failed: {e}"}
+        check = (info or {}).get(RAM_CHECK_CAP)
+        if not check:
+            return {"result": "skipped", "method": RAM_CHECK_METHOD,
+                    "why": "the destination reports no RAM check (was the capability "
+                           "reset on the source?)"}
+        res = ram_check_ok(check)
+        self.run.event("RAM check", **res)
+        self.progress.step(f"RAM verified in the stream: {res['blocks']} blocks, "
+                           f"{res['bytes'] / (1 << 30):.2f} GiB; digest time source "
+                           f"{res['source_s']:.3f} s, destination "
+                           f"{res['destination_s']:.3f} s")
+        return res
 
     def _finish_source_kept(self) -> None:
         try:
@@ -573,3 +594,33 @@ def run_domain_migration(opts: DomainOptions, progress: Progress,
     finally:
         m.cleanup()
     return m.run
+
+
+def ram_check_ok(check: dict[str, Any]) -> dict[str, Any]:
+    """The report's ``consistency.ram_detail`` from QEMU's ``x-ram-digest-check``
+    figures (times in microseconds, both in the downtime)."""
+    size = int(check["size"])
+    src = int(check["source-time"]) / 1e6
+    dst = int(check.get("destination-time", 0)) / 1e6
+    gib = size / (1 << 30)
+    return {"result": "ok", "method": RAM_CHECK_METHOD, "blocks": int(check["blocks"]),
+            "bytes": size, "chunk_size": int(check["chunk-size"]),
+            "source_s": round(src, 6), "destination_s": round(dst, 6),
+            "cost_s_per_gib": {"source": round(src / gib, 4) if gib else None,
+                               "destination": round(dst / gib, 4) if gib else None},
+            "in_downtime": True}
+
+
+def ram_check_failed(reason: str) -> dict[str, Any]:
+    """``consistency.ram_detail`` of a migration that did not complete: a mismatch when
+    QEMU failed it for one (its message names the RAM block and chunk)."""
+    marker = f"{RAM_CHECK_CAP}: guest RAM differs"
+    if marker in reason:
+        return {"result": "mismatch", "method": RAM_CHECK_METHOD,
+                "detail": reason[reason.index(marker):].strip()}
+    if f"{RAM_CHECK_CAP}:" in reason:
+        return {"result": "skipped", "method": RAM_CHECK_METHOD,
+                "why": "the check could not compare: "
+                       + reason[reason.index(f"{RAM_CHECK_CAP}:"):].strip()}
+    return {"result": "skipped", "method": RAM_CHECK_METHOD,
+            "why": "the migration did not complete"}
