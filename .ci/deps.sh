@@ -8,7 +8,11 @@ want=(python3-venv iproute2 iputils-ping zstd seabios ipxe-qemu qemu-system-data
       # 9.0 daemon and QEMU driver without the system service (the testbed starts one
       # daemon per host itself), plus what the venv needs to build libvirt-python.
       libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
-      python3-dev gcc pkg-config)
+      python3-dev gcc pkg-config
+      # --net vhost-user: Open vSwitch with DPDK as each testbed host's vhost-user
+      # switch (livemig runs private daemons; the DPDK mempool driver is a plugin
+      # package), ethtool for the uplink's checksum offload
+      openvswitch-switch-dpdk librte-mempool-ring23 ethtool)
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -18,6 +18,7 @@ from livemig.engine.plan import Plan
 from livemig.errors import FaultInjectionRefused, LivemigError, UsageError
 from livemig.lab import qemutrace
 from livemig.lab.leftovers import reap
+from livemig.lab.net import parse_net
 from livemig.lab.run import FAULT_KINDS, Fault, LabRun, MigrateOptions
 from livemig.paths import default_qemu, ensure_root
 from livemig.progress import Progress
@@ -70,6 +71,10 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--storage", choices=("shared", "copy"),
                    help="shared: one disk image both hosts use; copy: each host has its "
                         "own and the disk is mirrored over NBD first (default shared)")
+    m.add_argument("--net", metavar="tap|vhost-user[,queues=N]",
+                   help="the guest NIC's backend on the testbed: tap (default, QEMU's tap "
+                   "bridged to the guest network) or vhost-user (virtio-net with N queue "
+                   "pairs on an Open vSwitch + DPDK switch per host)")
     m.add_argument("--profile", default="livemig", choices=list(PROFILES),
                    help="settings preset (default livemig)")
     m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -169,8 +174,9 @@ def _build_parser() -> argparse.ArgumentParser:
 LAB_DEFAULTS: dict[str, object] = {
     "memory": "1G", "vcpus": 1, "workload": "mem:size=256M,rate=64M,hot=80/10",
     "link": "1gbit", "storage": "shared", "disk_size": "256M", "disk_fill": "zero",
+    "net": "tap",
 }
-LAB_ONLY = ("memory", "vcpus", "workload", "link", "storage", "disk_size", "disk_fill",
+LAB_ONLY = ("memory", "vcpus", "workload", "link", "storage", "disk_size", "disk_fill", "net",
             "qemu", "inject_fault", "run_id", "keep_run_dir", "qemu_trace")
 
 
@@ -239,6 +245,7 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         if getattr(a, key) is None:
             setattr(a, key, value)
     workload = parse_workload(a.workload)
+    net = parse_net(a.net)
     memory = parse_size(a.memory, "--memory")
     if memory < 128 << 20 or memory % (1 << 20):
         raise UsageError("--memory must be a whole number of MiB, at least 128M")
@@ -257,9 +264,11 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         keep_run_dir=a.keep_run_dir, run_id=a.run_id,
         testbed=a.link.strip().lower() != "local",
         link=None if a.link.strip().lower() == "local" else parse_link_rate(a.link),
-        storage=a.storage, disk_fill=a.disk_fill, explicit=frozenset(sets),
+        storage=a.storage, disk_fill=a.disk_fill, explicit=frozenset(sets), net=net,
         trace_events=_trace_events(a.qemu_trace),
     )
+    if net.vhost_user and not opts.testbed:
+        raise UsageError("--net vhost-user needs the testbed's hosts: not with --link local")
     if opts.storage == "copy" and not opts.testbed:
         raise UsageError("--storage copy needs the testbed's hosts: not with --link local")
     if opts.storage == "copy" and not (workload.disk or (workload.verify and

@@ -88,6 +88,10 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
     "disk-speed": LivemigSetting(0, _bytes, "disk mirror speed cap, bytes/s (0: none)"),
     "disk-copy-mode": LivemigSetting("background", _choice("background", "write-blocking"),
                                      "background|write-blocking (mirror copy mode)"),
+    "client-stream": LivemigSetting(False, _onoff, "testbed: the client streams UDP "
+                                    "datagrams to the guest's echo (a window of 32 x "
+                                    "1400 B in flight) from boot to the end; its "
+                                    "throughput is in the report's network.stream"),
     "ram-check": LivemigSetting("auto", _choice("auto", "file", "digest"),
                                 "how guest RAM is verified: auto (RAM files when both ends "
                                 "have one, else QEMU's RAM digest), file, digest"),

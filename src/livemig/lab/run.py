@@ -41,6 +41,7 @@ from livemig.lab.disk import DiskCopy, disks, make_images
 from livemig.lab.diskcheck import DiskComparison, compare_images
 from livemig.lab.faults import Fault
 from livemig.lab.leftovers import RunState, reap
+from livemig.lab.net import NetSpec
 from livemig.lab.service import ServiceRun
 from livemig.lab.storage import JOB as MIRROR_JOB
 from livemig.lab.storage import DiskMirror
@@ -51,8 +52,9 @@ from livemig.progress import Progress
 from livemig.ramcheck import gpa_to_offset
 from livemig.report import LabFacts, build_report
 from livemig.spec import Workload
-from livemig.testbed import netns, topology
+from livemig.testbed import netns, topology, vswitch
 from livemig.testbed.probe import Prober
+from livemig.testbed.stream import Stream
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,7 @@ class MigrateOptions:
     testbed: bool = True  # False: both QEMUs on this host, loopback (--link local)
     link: int | None = 1_000_000_000  # bits/s of the shaped migration link; None: unshaped
     storage: str = "shared"  # shared | copy
+    net: NetSpec = field(default_factory=NetSpec)  # the guest NIC's backend (--net)
     disk_fill: str = "zero"  # zero (sparse) | mixed: the source image starts full of data
     # ping-pong (livemig verify): which testbed hosts, an already running source to
     # migrate instead of booting one, and whether to hand the destination over
@@ -149,6 +152,9 @@ class LabRun(Hooks):
         self.pin_plan: pinning.PinPlan | None = None
         self.pinning: dict[str, Any] = {}
         self.prober: Prober | None = None
+        self.stream: Stream | None = None  # --set client-stream=on
+        self.switches: dict[str, vswitch.Switch] = {}  # --net vhost-user: per host
+        self.vhost: dict[str, Any] = {}  # what QEMU negotiated with the switch
         self.network: dict[str, Any] = {}
         self.disk_check: DiskComparison | None = None
         self._testbed = contextlib.ExitStack()
@@ -223,8 +229,12 @@ class LabRun(Hooks):
         self.event("phase booting")
         self.progress.step(f"run {self.id}: accel {o.accel} ({o.accel_reason}), "
                            f"QEMU {o.qemu}, logs in {self.run_dir}")
+        if o.net.vhost_user and not o.testbed:
+            raise UsageError("--net vhost-user needs the testbed's hosts (not --link local)")
         if o.testbed:
             self._testbed_up()
+            if o.net.vhost_user:
+                self._switches_up()
         if self.service is not None:
             created, self._src_image, self._dst_image = self.service.make_images(
                 o.storage, self.run_dir, self.state)
@@ -245,6 +255,12 @@ class LabRun(Hooks):
             await self._wait_ready()
         if o.testbed:
             await self._start_probes()
+            if self.livemig.get("client-stream"):
+                self.stream = Stream()
+                self.stream.start()
+                self.progress.step("client streams UDP datagrams to the guest's echo")
+        if self.switches:
+            self.vhost["src"] = await self._vhost_status(self.src)
         if self.service is not None:
             self.t_ready = await self.service.start(
                 self._check_interrupt, self.src.config.console_path if self.src else None)
@@ -274,6 +290,9 @@ class LabRun(Hooks):
             if self.livemig["disk-schedule"] in ("first", "libvirt"):
                 await self.copy.wait_ready(self.t_migrate, self.opts.max_time,
                                            self._policy_tick(), self._check_interrupt)
+        if self.switches:  # which queue pairs carried the guest's traffic so far
+            self.vhost["src_queue_packets"] = \
+                self.switches[self.opts.src_host].queue_counters()
         self._plan_pinning()
 
     async def on_poll(self, now: float, obs: Observation) -> dict[str, Any]:
@@ -284,6 +303,11 @@ class LabRun(Hooks):
             await self.copy.poll(now)
         if self.pin_plan is not None:
             self._pin_threads()
+        if self.switches and not self.vhost.get("log_enabled_seen") and not obs.terminal:
+            st = await self._vhost_status(self.src)
+            if st.get("log_enabled"):
+                self.vhost["log_enabled_seen"] = True
+                self.event("vhost-user dirty log on", log_size=st.get("log_size"))
         extra: dict[str, Any] = {"guest_rate": self._guest_rate()}
         if self.copy is not None and self.copy.remaining is not None:
             extra["remaining_disk"] = self.copy.remaining
@@ -354,6 +378,8 @@ class LabRun(Hooks):
                 await self.dst.cmd("announce-self", initial=50, max=550, rounds=5, step=100)
         taps_before = self._tap_counters()
         t_settle = time.time()
+        if self.switches:
+            self.vhost["dst"] = await self._vhost_status(self.dst)
         await self._sleep(float(self.livemig["settle"]), interruptible=False)
         self._who_answers(taps_before, t_settle)
 
@@ -393,6 +419,50 @@ class LabRun(Hooks):
         self.event("testbed", link_bits=o.link, created=self._testbed_created)
         self.progress.step(f"hosts {topology.HOSTS['src']} -> {topology.HOSTS['dst']}, "
                            f"migration link {rate}, storage {o.storage}")
+
+    def _switches_up(self) -> None:
+        """--net vhost-user: a switch on each host this run uses, before QEMU starts
+        (QEMU serves the socket and waits until its switch connects)."""
+        o = self.opts
+        cpu = vswitch.pmd_cpu()
+        for host in dict.fromkeys((o.src_host, o.dst_host)):
+            sw = vswitch.Switch(host, topology.HOSTS[host], self.run_dir,
+                                tag=f"livemig-{self.id}-{host}")
+            self.switches[host] = sw
+            try:
+                sw.start(cpu)
+            finally:
+                for i, pid in enumerate(sw.pids()):
+                    self.state.add_qemu(f"switch-{host}-{i}", pid)
+        self.event("vhost-user switches", hosts=list(self.switches), queues=o.net.queues)
+        self.progress.step(f"vhost-user switch (Open vSwitch + DPDK) on "
+                           f"{', '.join(self.switches)}, {o.net.queues} queue pair(s)")
+
+    def _switches_down(self) -> None:
+        for sw in self.switches.values():
+            sw.stop()
+
+    async def _vhost_status(self, vm: VM | None) -> dict[str, Any]:
+        """What QEMU's vhost-user device negotiated: dirty logging through a shared
+        fd (VHOST_USER_PROTOCOL_F_LOG_SHMFD) is what lets the switch's writes into
+        guest RAM be migrated."""
+        if vm is None:
+            return {}
+        try:
+            devs = await vm.cmd("x-query-virtio")
+            path = next(d["path"] for d in devs if d["name"] == "virtio-net")
+            st = await vm.cmd("x-query-virtio-status", path=path)
+        except (VMError, StopIteration, KeyError) as e:
+            return {"error": str(e)}
+        dev = st.get("vhost-dev") or {}
+        protocols = " ".join(dev.get("protocol-features", {}).get("protocols", []))
+        features = " ".join(dev.get("features", {}).get("dev-features", []))
+        return {"log_shmfd": "VHOST_USER_PROTOCOL_F_LOG_SHMFD" in protocols,
+                "log_all": "VHOST_F_LOG_ALL" in features,
+                "mq": "VIRTIO_NET_F_MQ" in " ".join(
+                    dev.get("acked-features", {}).get("dev-features", [])),
+                "log_enabled": bool(dev.get("log-enabled")),
+                "log_size": dev.get("log-size")}
 
     async def _start_probes(self) -> None:
         """The client starts probing the guest; it must answer before we migrate."""
@@ -503,8 +573,9 @@ class LabRun(Hooks):
         if o.testbed:
             host = o.src_host if name == "src" else o.dst_host
             prefix = netns.exec_prefix(topology.HOSTS[host])
-            extra = ["-netdev", f"tap,id=net0,ifname={topology.TAP},script=no,downscript=no",
-                     "-device", f"virtio-net-pci,netdev=net0,mac={topology.GUEST_MAC},romfile="]
+            sw = self.switches.get(host)
+            extra = o.net.qemu_args(topology.GUEST_MAC, topology.TAP,
+                                    sw.socket if sw is not None else None)
             append += f" livemig.ip={topology.GUEST_IP}/{topology.GUEST_PREFIX}"
         return VMConfig(
             name=name, run_id=self.id, qemu=o.qemu, memory=o.memory, vcpus=o.vcpus, accel=o.accel,
@@ -551,9 +622,14 @@ class LabRun(Hooks):
         return metrics.average_rate(self._all_rates(), self.t_ready, self.t_migrate)
 
     def _tap_counters(self) -> dict[str, dict[str, int]] | None:
+        """Packets through the guest's port on each host: its tap, or with vhost-user
+        the switch's port for it (rx = sent by the guest, on both)."""
         if not self.opts.testbed:
             return None
         o = self.opts
+        if self.switches:
+            return {side: self.switches[host].counters()
+                    for side, host in (("src", o.src_host), ("dst", o.dst_host))}
         return {"src": topology.tap_counters(o.src_host), "dst": topology.tap_counters(o.dst_host)}
 
     def _who_answers(self, before: dict[str, dict[str, int]] | None, since: float) -> None:
@@ -569,9 +645,11 @@ class LabRun(Hooks):
             answered = "destination"
         elif replies and src_tx > 0:
             answered = "source"
+        port = "switch port" if self.switches else "tap"
         self.network["after_switchover"] = {
             "answered_by": answered, "replies": replies,
-            "packets_from_guest_on_dst_tap": dst_tx, "packets_from_guest_on_src_tap": src_tx,
+            f"packets_from_guest_on_dst_{port.split()[-1]}": dst_tx,
+            f"packets_from_guest_on_src_{port.split()[-1]}": src_tx,
         }
         self.event("network after switchover", **self.network["after_switchover"])
 
@@ -631,6 +709,10 @@ class LabRun(Hooks):
         if self.service is not None:
             await self.service.stop()
         self.progress.close()
+        if self.stream is not None:
+            self.stream.stop()
+            self.network["stream"] = self.stream.summary(
+                self.t_ready or time.time(), self.t_migrate, self.t_end or time.time())
         if self.prober is not None:
             self.prober.stop()
             self.network.update(self.prober.summary(
@@ -656,6 +738,7 @@ class LabRun(Hooks):
         for img in self._images:
             with contextlib.suppress(FileNotFoundError):
                 img.unlink()
+        self._switches_down()
         self.state.remove()  # nothing of this run is left for a later command to reap
         if self._testbed_created:
             topology.down(quiet=True)
@@ -706,7 +789,8 @@ class LabRun(Hooks):
         if self.disk_check is not None:
             disk_check = self.disk_check.as_dict()
         return LabFacts(
-            workload=wl, pause=self.pause(), network=dict(self.network), disk=disk,
+            workload=wl, pause=self.pause(), disk=disk,
+            network={**self.network, **({"vhost_user": self.vhost} if self.vhost else {})},
             disk_check=disk_check,
             guest="mismatch" if guest_errors else ("ok" if o.workload.verify else "skipped"),
             guest_errors=guest_errors,
@@ -717,6 +801,7 @@ class LabRun(Hooks):
                 "memory": o.memory, "vcpus": o.vcpus, "qemu": str(o.qemu),
                 "testbed": o.testbed, "link_bits": o.link if o.testbed else None,
                 "storage": o.storage, "accel_reason": o.accel_reason,
+                "net": o.net.text if o.testbed else None,
                 "faults": self.injected or [
                     {"kind": f.kind, "address": f"{f.address:#x}"} for f in o.faults],
                 "total_time_includes_disk_copy": self.disk is not None,

@@ -15,7 +15,7 @@ from livemig.virt.plan import Request
 from livemig.virt.run import DomainOptions, run_domain_migration
 
 # options of a lab run (livemig boots the guest) that mean nothing for a domain
-LAB_ONLY = ("memory", "vcpus", "workload", "link", "qemu", "accel", "disk_size",
+LAB_ONLY = ("memory", "vcpus", "workload", "link", "qemu", "accel", "disk_size", "net",
             "disk_fill", "keep_run_dir", "run_id", "qemu_trace")
 FAULT_ENV = "LIVEMIG_ALLOW_FAULT_INJECTION"
 

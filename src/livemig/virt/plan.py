@@ -94,7 +94,7 @@ LZ4_MARK = "multifd-lz4-acceleration"  # present in the patched build only
 RAM_CHECK_CAP = "x-ram-digest-check"
 RAM_CHECK_FAULT = "x-ram-digest-check-fault"
 LAB_ONLY = ("io-qos", "pin", "disk-granularity", "disk-schedule", "disk-speed",
-            "disk-copy-mode", "warmup", "settle")
+            "disk-copy-mode", "warmup", "settle", "client-stream")
 POLICY_THROTTLES = ("reference", "direct", "staged", "converge")
 
 
