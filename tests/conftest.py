@@ -20,6 +20,8 @@ INITRD = ROOT / "build" / "guest" / "initrd.img"
 
 # parallel runs (several checkouts on one machine) queue for the testbed
 os.environ.setdefault("LIVEMIG_TESTBED_WAIT", "900")
+# what a test waiting for a lab run to start must add for that queue
+TESTBED_WAIT = float(os.environ["LIVEMIG_TESTBED_WAIT"])
 
 
 def _have_vm_prereqs() -> str | None:
@@ -63,7 +65,8 @@ def run_migrate(tmp_path: Path, *args: str, timeout: float = 400,
                 env: dict[str, str] | None = None) -> Run:
     report = tmp_path / "report.json"
     cmd = livemig_cmd("migrate", "--accel", "tcg", "--report", str(report), *args)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          timeout=timeout + TESTBED_WAIT,
                           env={**os.environ, **(env or {})})
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr[-4000:])

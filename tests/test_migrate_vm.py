@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import livemig_cmd, new_run_id, qemu_pids, run_migrate
+from conftest import TESTBED_WAIT, livemig_cmd, new_run_id, qemu_pids, run_migrate
 from livemig.report import CONTRACT_KEYS
 
 pytestmark = pytest.mark.vm
@@ -97,7 +97,7 @@ def test_dead_destination_fails_and_source_keeps_running(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # wait until the destination exists and the migration is under way
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 120 + TESTBED_WAIT  # queued for the testbed
         dst = []
         while time.monotonic() < deadline and not dst:
             out = subprocess.run(["pgrep", "-f", f"livemig-{rid}-dst"], capture_output=True,

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import livemig_cmd, new_run_id, qemu_pids, run_migrate
+from conftest import TESTBED_WAIT, livemig_cmd, new_run_id, qemu_pids, run_migrate
 from livemig.testbed import topology
 
 pytestmark = pytest.mark.vm
@@ -71,7 +71,7 @@ def test_killed_run_is_repaired_by_testbed_down(tmp_path):
                     "--profile", "defaults", "--max-time", "300", "--set", "warmup=1"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 120 + TESTBED_WAIT  # queued for the testbed
         seen = ""
         while "migration started" not in seen:
             assert time.monotonic() < deadline and proc.poll() is None, seen[-2000:]
