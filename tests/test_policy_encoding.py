@@ -13,8 +13,9 @@ from livemig.policy.encoding import (
     changed_share,
     choose,
     delta_cache,
-    fastest,
+    estimate,
     measure_codecs,
+    pick,
 )
 from livemig.settings import resolve
 
@@ -53,6 +54,12 @@ def test_delta_cache_is_bounded_by_the_hosts_free_memory():
 # 2.35:1; plain copies far faster than any link
 MEASURED = {"lz4": Codec(1.98, 582e6), "zstd": Codec(2.35, 326e6),
             "plain": Codec(1.0, 1e9)}
+
+
+def fastest(codecs: dict[str, Codec], ctx: Context) -> tuple[str, dict[str, float]]:
+    """The choice for a guest that only needs its first pass (nothing re-dirtied)."""
+    est = {n: estimate(c, c, 1 << 30, 0.0, ctx) for n, c in codecs.items()}
+    return pick(est), {n: e.first_rate for n, e in est.items()}
 
 
 def test_link_bound_streams_take_the_better_ratio():

@@ -43,12 +43,12 @@ PAGE = 4096
 SMALL_DELTA = 0.15  # share of a page's bytes that change in a "small" rewrite
 MIN_SAMPLES = 16
 PACKET_PAGES = 128  # pages per multifd packet: codecs are timed on packets
-TIE = 0.10  # page rates within 10 % of the best: the fewer bytes win
+TIE = 0.10  # estimates within 10 % of the best: the fewer bytes win
 UNSHAPED = 10e9 / 8  # bytes/s assumed when nothing caps the stream
 # bytes/s one CPU sends uncompressed (the testbed's 10gbit link carried 7.9 Gbit/s,
 # CPU-bound on 2 CPUs: ~1 GB/s per CPU for both ends' socket work)
 PLAIN_SPEED = 1e9
-RATIO_STEP = 0.05  # ratios this close count as equal (then the cheaper codec wins)
+BYTES_TIE = 0.05  # byte counts this close count as equal: then the cheaper CPU wins
 MAX_Q = 0.5  # re-send rounds must at least halve: else a throttle has to help
 MIN_DELTA_CACHE = 64 << 20
 HOST_SHARE = 4  # the delta cache takes at most 1/4 of the host's available memory
@@ -139,15 +139,6 @@ def page_rate(c: Codec, ctx: Context) -> float:
     return min(ctx.cpus * c.speed, link * c.ratio)
 
 
-def fastest(codecs: dict[str, Codec], ctx: Context) -> tuple[str, dict[str, float]]:
-    rates = {n: page_rate(c, ctx) for n, c in codecs.items()}
-    top = max(rates.values())
-    near = [n for n in rates if rates[n] >= (1 - TIE) * top]
-    # among the near-fastest: the fewer bytes, then the cheaper codec
-    return max(near, key=lambda n: (round(codecs[n].ratio / RATIO_STEP),
-                                    codecs[n].speed)), rates
-
-
 def delta_cache(ctx: Context) -> int:
     """Half the guest's RAM, a power of two, within 1/HOST_SHARE of the host's
     available memory."""
@@ -176,6 +167,7 @@ class Estimate:
     work_lost: float  # seconds of guest work a throttle takes to make it converge
     first_rate: float  # page bytes/s of the first pass
     resend_rate: float  # page bytes/s of re-sent pages
+    cpu_seconds: float  # one CPU's seconds to encode and send it all
 
     @property
     def score(self) -> float:
@@ -200,7 +192,17 @@ def estimate(first: Codec, resend: Codec, nonzero: float, dirty_rate: float,
     total_again = again / (1.0 - min(q, MAX_Q))
     t2 = total_again / p2
     return Estimate(t1 + t2, nonzero / first.ratio + total_again / resend.ratio,
-                    throttle * t2, p1, p2)
+                    throttle * t2, p1, p2, nonzero / first.speed + total_again / resend.speed)
+
+
+def pick(est: dict[str, Estimate]) -> str:
+    """The least time plus work lost; among those within ``TIE`` of it the fewest
+    bytes, and among byte counts within ``BYTES_TIE`` the least CPU."""
+    top = min(e.score for e in est.values())
+    near = [n for n, e in est.items() if e.score <= (1 + TIE) * top]
+    least = min(est[n].bytes for n in near)
+    lean = [n for n in near if est[n].bytes <= (1 + BYTES_TIE) * least]
+    return min(lean, key=lambda n: (est[n].cpu_seconds, est[n].bytes))
 
 
 def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
@@ -239,9 +241,7 @@ def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
     if ctx.delta and "lz4" in first and len(pairs) >= MIN_SAMPLES:
         deltas = measure_codecs([xor(a, b) for a, b in pairs], frozenset({"lz4"}))["lz4"]
         est["lz4-delta"] = estimate(first["lz4"], deltas, nonzero, dirty_rate, ctx)
-    top = min(e.score for e in est.values())
-    near = [n for n, e in est.items() if e.score <= (1 + TIE) * top]
-    name = min(near, key=lambda n: (est[n].bytes, est[n].score))
+    name = pick(est)
     link = f"{(ctx.link_rate or UNSHAPED) * 8 / 1e6:.0f} Mbit/s"
     why = ", ".join(f"{n} {e.seconds:.1f}s+{e.work_lost:.1f}s lost/{e.bytes / 2**20:.0f}MiB"
                     for n, e in sorted(est.items()))
