@@ -122,23 +122,24 @@ def _db_page(i: int) -> bytes:
     return (rows + bytes(4096))[:4096]
 
 
+def _database(rewritten: int, link_bits: float):
+    """A database of 1024 pages, ``rewritten`` of them updated in 0.5 s, on a link."""
+    pages = [_db_page(i) for i in range(1024)]
+    pairs = [(p, _small_delta(p)) for p in pages[:rewritten]]
+    ctx = Context(link_rate=link_bits / 8, cpus=1.0, delta=True,
+                  codecs=frozenset({"zstd", "lz4", "plain"}))
+    return choose(pairs, ctx, pages, nonzero_share=0.4)
+
+
 def test_a_database_that_updates_few_rows_is_sent_for_its_first_pass():
     """Most of memory is written once (the first pass is the migration): the codec
     with the better ratio wins on a link-bound stream, even with the delta patch."""
-    pages = [_db_page(i) for i in range(1024)]
-    pairs = [(p, _small_delta(p)) for p in pages[:20]]  # 2 % rewritten in 0.5 s
-    ctx = Context(link_rate=1e9 / 8, cpus=1.0, delta=True,
-                  codecs=frozenset({"zstd", "lz4", "plain"}))
-    c = choose(pairs, ctx, pages, nonzero_share=0.4)
+    c = _database(20, 1e9)  # 2 % rewritten in 0.5 s
     assert c.encoding == "zstd", c.reason
 
 
 def test_a_busy_database_rewriting_its_hot_rows_gets_lz4_delta():
-    pages = [_db_page(i) for i in range(1024)]
-    pairs = [(p, _small_delta(p)) for p in pages[:400]]  # 40 % rewritten in 0.5 s
-    ctx = Context(link_rate=400e6 / 8, cpus=1.0, delta=True,
-                  codecs=frozenset({"zstd", "lz4", "plain"}))
-    c = choose(pairs, ctx, pages, nonzero_share=0.4)
+    c = _database(400, 400e6)  # 40 % rewritten in 0.5 s
     assert c.encoding == "lz4-delta", c.reason
     assert c.settings[DELTA_KEY] == "512M"
 

@@ -521,8 +521,7 @@ class LabRun(Hooks):
         return encoding.Context(
             link_rate=link, cpus=encoding.migration_cpus(self.opts.vcpus),
             guest_ram=self.opts.memory, host_available=encoding.host_available(),
-            codecs=frozenset({"zstd", "plain", *(("lz4",) if delta else ())}),
-            delta=delta)
+            delta=delta)  # the delta patch brings lz4 (choose() adds it)
 
     def _plan_pinning(self) -> None:
         assert self.src is not None

@@ -102,8 +102,12 @@ class Choice:
 
 def changed_share(old: bytes, new: bytes) -> float:
     """Share of bytes that differ between two versions of a page."""
-    diff = sum(1 for a, b in zip(old, new, strict=True) if a != b)
-    return diff / len(new)
+    return _share(xor(old, new))
+
+
+def _share(delta: bytes) -> float:
+    """Share of non-zero bytes in an XOR delta."""
+    return 1.0 - delta.count(0) / len(delta)
 
 
 _COMPRESS: dict[str, Callable[[bytes], bytes]] = {
@@ -225,9 +229,10 @@ def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
     nonzero = ctx.guest_ram * nonzero_share
     dirty_rate = nonzero * min(1.0, len(pairs) / len(pages)) / interval
     share = ratio = None
+    deltas = [xor(a, b) for a, b in pairs]  # what patch 5 would send for each
     facts = f"{len(pages)} non-zero pages, {len(pairs)} rewritten in {interval:g}s"
     if len(pairs) >= MIN_SAMPLES:
-        share = statistics.median(changed_share(a, b) for a, b in pairs)
+        share = statistics.median(_share(d) for d in deltas)
         ratio = statistics.median(len(b) / max(1, len(zlib.compress(b, 1)))
                                   for _, b in pairs)
         facts += f" (median {100 * share:.1f}% of bytes changed)"
@@ -239,8 +244,8 @@ def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
              if len(pairs) >= MIN_SAMPLES else first)
     est = {n: estimate(first[n], again[n], nonzero, dirty_rate, ctx) for n in first}
     if ctx.delta and "lz4" in first and len(pairs) >= MIN_SAMPLES:
-        deltas = measure_codecs([xor(a, b) for a, b in pairs], frozenset({"lz4"}))["lz4"]
-        est["lz4-delta"] = estimate(first["lz4"], deltas, nonzero, dirty_rate, ctx)
+        packed = measure_codecs(deltas, frozenset({"lz4"}))["lz4"]
+        est["lz4-delta"] = estimate(first["lz4"], packed, nonzero, dirty_rate, ctx)
     name = pick(est)
     link = f"{(ctx.link_rate or UNSHAPED) * 8 / 1e6:.0f} Mbit/s"
     why = ", ".join(f"{n} {e.seconds:.1f}s+{e.work_lost:.1f}s lost/{e.bytes / 2**20:.0f}MiB"
