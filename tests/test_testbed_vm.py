@@ -48,6 +48,22 @@ def test_cross_storage_copy_with_disk_workload(tmp_path):
     assert any(e["event"] == "disk mirror ready" for e in rep["events"])
 
 
+def test_disk_copy_turns_write_blocking_once_in_sync(tmp_path):
+    # copy mode "ready" (the livemig profile's): background for the bulk copy, then
+    # QEMU's block-job-change to write-blocking: nothing written after that is re-sent
+    r = run_migrate(tmp_path, "--memory", MEM, "--storage", "copy", "--disk-size", "64M",
+                    "--workload", "mem:size=64M,rate=16M,hot=80/10+disk:bs=8K,rate=2M",
+                    "--set", "disk-granularity=8K", "--set", "disk-copy-mode=ready",
+                    "--max-time", "150")
+    rep = r.report
+    assert r.rc == 0, rep.get("reason")
+    assert rep["consistency"]["disk"] == "ok"
+    started = [e for e in rep["events"] if e["event"] == "disk mirror started"]
+    ready = [e for e in rep["events"] if e["event"] == "disk mirror ready"]
+    assert started[0]["copy_mode"] == "ready"
+    assert ready and ready[0]["copy_mode"] == "write-blocking"
+
+
 def test_corrupted_destination_disk_block_is_named(tmp_path):
     offset = 0x345678
     r = run_migrate(tmp_path, "--memory", MEM, "--storage", "copy", "--disk-size", "64M",

@@ -86,8 +86,13 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                           "pin the source's migration threads away from its vCPUs "
                           "(auto: only with a spare host CPU)"),
     "disk-speed": LivemigSetting(0, _bytes, "disk mirror speed cap, bytes/s (0: none)"),
-    "disk-copy-mode": LivemigSetting("background", _choice("background", "write-blocking"),
-                                     "background|write-blocking (mirror copy mode)"),
+    "disk-copy-mode": LivemigSetting("background",
+                                     _choice("background", "write-blocking", "ready"),
+                                     "mirror copy mode: background, write-blocking, or "
+                                     "ready (background for the first full pass, so "
+                                     "guest writes never wait behind the bulk copy; "
+                                     "write-blocking once in sync, so nothing is copied "
+                                     "twice)"),
     "client-stream": LivemigSetting(False, _onoff, "testbed: the client streams UDP "
                                     "datagrams to the guest's echo (a window of 32 x "
                                     "1400 B in flight) from boot to the end; its "
@@ -113,7 +118,7 @@ PROFILES: dict[str, dict[str, str]] = {
     "livemig": {"encoding": "auto", "throttle": "converge",
                 "downtime-ramp": "on", "max-downtime": "1000", "on-stall": "force",
                 "io-qos": "on", "pin": "auto", "disk-schedule": "first",
-                "disk-granularity": "auto", "disk-copy-mode": "write-blocking"},
+                "disk-granularity": "auto", "disk-copy-mode": "ready"},
 }
 # livemig plus QEMU's hot-page deferral (patch 3/3, experimental: x-) at the reference's
 # 30 %: kept apart until a benchmark shows it pays (docs/results/)

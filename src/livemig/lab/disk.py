@@ -140,7 +140,8 @@ class DiskCopy:
             if tick is not None:
                 await tick(Snapshot.from_query_migrate(now - t_migrate, {}, self.obs))
             if job.get("ready"):
-                self.events.event("disk mirror ready", offset=job["offset"], len=job["len"])
+                self.events.event("disk mirror ready", offset=job["offset"], len=job["len"],
+                                  copy_mode=self.mirror.mode_now)
                 return
             if now - last_report >= 1.0:
                 last_report = now

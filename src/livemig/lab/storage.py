@@ -79,7 +79,8 @@ class DiskMirror:
         self.node = node
         self.granularity = granularity
         self.speed = speed
-        self.copy_mode = copy_mode
+        self.copy_mode = copy_mode  # as set: background, write-blocking or ready
+        self.mode_now = "background" if copy_mode == "ready" else copy_mode
         self.stats = MirrorStats()
         self.active = False
 
@@ -95,7 +96,7 @@ class DiskMirror:
         self.stats.started = time.time()
         args: dict[str, Any] = {"job-id": JOB, "device": self.node, "target": TARGET,
                                 "sync": "full", "granularity": self.granularity,
-                                "copy-mode": self.copy_mode}
+                                "copy-mode": self.mode_now}
         if self.speed:
             args["speed"] = self.speed
         await self.src("blockdev-mirror", **args)
@@ -122,6 +123,10 @@ class DiskMirror:
             self.stats.ready_at = time.time()
             self.stats.offset_at_ready = int(j["offset"])
             self.stats.guest_written_at_ready = await self.guest_written()
+            if self.copy_mode == "ready":  # in sync: from now on each write goes to both
+                await self.src("block-job-change", id=JOB, type="mirror",
+                               **{"copy-mode": "write-blocking"})
+                self.mode_now = "write-blocking"
         return j
 
     async def set_speed(self, speed: int) -> None:
