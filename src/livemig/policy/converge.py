@@ -30,7 +30,10 @@ their own (``q < 1`` at θ = 0) is left alone when a few more rounds cost less t
 throttling it; one that outruns the link gets the one deep round. The distinct rate is
 taken as at most QEMU's own dirty-page rate: round lengths are seen at the poll's
 granularity, and a short round would otherwise read as a guest dirtying faster than it
-writes.
+writes. The rates alone can promise a shrink the rounds do not deliver (QEMU also syncs
+mid-pass, and a saturated hot set dirties as much in a short round as in a long one),
+so ``q`` at θ = 0 is the larger of the rates' ``d / B`` and the observed ``R_k /
+R_{k-1}`` of the slower of the last two rounds.
 
 When θ would exceed ``DEEP`` (the guest below 10 % of normal) for longer than
 ``DEEP_MAX_S``, the throttle holds at ``DEEP`` for that long and recomputes at the
@@ -71,6 +74,7 @@ class ConvergeThrottle:
         self._round = -1
         self._round_t = 0.0
         self._prev: tuple[float, int] | None = None  # (duration of last round, R at its start)
+        self._ratio = 0.0  # R_k / R_{k-1} seen at the last round's start
         self._at_max = 0
 
     def set_downtime(self, ms: int) -> None:
@@ -101,7 +105,12 @@ class ConvergeThrottle:
         if s.dirty_rate > 0:
             d = min(d, s.dirty_rate)
         now = self.percent / 100.0
-        theta, rounds = plan(r, b, d, now, SAFETY * budget)
+        # what the rounds did, not only what the rates say: syncs also happen mid-pass
+        # and a hot set saturates, so the slower of the last two rounds' shrink counts
+        ratio = r / prev[1] if prev is not None and prev[1] > 0 else 0.0
+        shrink, self._ratio = max(ratio, self._ratio), ratio
+        free = max(d / b, shrink) / (1.0 - now)
+        theta, rounds = plan(r / b, free, SAFETY * budget / r)
         pct = max(self.percent, min(MAX_PCT, round(100.0 * theta + 0.5) if theta else 0))
         t_round = r / b
         why = (f"round {s.rounds}: {r >> 20} MiB dirty (distinct rate {d / 2**20:.0f} MiB/s, "
@@ -123,17 +132,17 @@ class ConvergeThrottle:
                             f"round{'s' if rounds > 1 else ''}", pct)]
 
 
-def plan(r: float, b: float, d: float, now: float, target: float) -> tuple[float, int]:
-    """(θ, n): the throttle, and the rounds it takes, that bring a remainder ``r``
-    down to ``target`` at the least guest work lost plus ``TIME_COST`` per second.
-    ``d``: distinct dirty rate under the current throttle ``now``; ``b``: drain rate."""
-    free = d / (1.0 - now) / b  # q with no throttle at all
+def plan(t_round: float, free: float, target: float) -> tuple[float, int]:
+    """(θ, n): the throttle, and the rounds it takes, that shrink the remainder to
+    ``target`` (a share of it) at the least guest work lost plus ``TIME_COST`` per
+    second. ``t_round``: the next round's length; ``free``: how much each round
+    leaves of the one before with no throttle at all (q at θ = 0)."""
     best: tuple[float, float, int] | None = None  # (cost, θ, n)
     for n in range(1, MAX_ROUNDS + 1):
-        q_n = (target / r) ** (1.0 / n)
+        q_n = target ** (1.0 / n)
         theta = max(0.0, 1.0 - q_n / free) if free > 0 else 0.0
         q = min(q_n, free) if theta == 0.0 else q_n
-        t = r / b * sum(q ** j for j in range(n))
+        t = t_round * sum(q ** j for j in range(n))
         cost = theta * t + TIME_COST * t
         if best is None or cost < best[0] - 1e-12:
             best = (cost, theta, n)
