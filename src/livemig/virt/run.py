@@ -483,12 +483,15 @@ class DomainMigration:
             self.run.completed_stats = dict(dst.jobStats(
                 self.libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED))
         if plan.flags & PAUSED:
-            self.progress.step(f"comparing the copied disks ({self.disk_method}); the "
-                               "destination is held paused")
+            self.progress.step(f"comparing the copied disks (disk-check="
+                               f"{self.disk_method}); the destination is held paused")
             ends = DiskEnds(o.src_uri, o.dst_uri, self.src_conn, self.dst_conn)
+            t0 = time.monotonic()
             self.run.disk_check = compare_copied_disks(
                 ends, self.disks, self.disk_formats, self.disk_method, o.disk_fault,
                 self.run.event)
+            self.progress.step(f"disks {self.run.disk_check['result']} in "
+                               f"{time.monotonic() - t0:.2f} s")
             if self.run.disk_check.get("result") == "mismatch":
                 self.progress.step(f"disk mismatch: the destination stays paused (virsh "
                                    f"-c {o.dst_uri} resume {o.domain} runs it anyway)")
