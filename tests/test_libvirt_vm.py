@@ -466,6 +466,7 @@ def test_copied_disk_verified_through_libvirt_volume_streams(
         assert vda["source_s"] > 0 and vda["destination_s"] > 0
         assert vda["cost_s_per_gib"]["source"] > 0
         assert rep["settings"]["libvirt_plan"]["disk_check"] == "stream"
+        assert disk["hold_s"] >= vda["wall_s"]  # the guest waited for it, after downtime
         assert any(e["event"] == "destination resumed" for e in rep["events"])
         assert _where(name) == {"src": None, "dst": "running"}
         assert "disk ok (vda:" in proc.stdout

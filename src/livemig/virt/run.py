@@ -498,6 +498,9 @@ class DomainMigration:
             else:
                 dst.resume()
                 self.run.event("destination resumed")
+                # the guest waited for the comparison: a verify hold after QEMU's
+                # downtime (not in downtime_ms)
+                self.run.disk_check["hold_s"] = round(time.monotonic() - t0, 3)
         if plan.ram_check:
             self.run.ram_check = self._ram_check_result(dst)
         stream = [k for k in plan.dst_globals if k in STREAM_PARAMS]
