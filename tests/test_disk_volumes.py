@@ -181,3 +181,16 @@ def test_fault_beyond_the_image_is_one_line() -> None:
     img = _image(MIB)
     with pytest.raises(Exception, match="beyond the destination's image"):
         _compare(img, bytearray(img), fault=2 * MIB)
+
+
+def test_the_summary_line_says_where_and_why() -> None:
+    from livemig.virt.record import _disk_note
+
+    a = _image()
+    b = bytearray(a)
+    b[MIB + 5] ^= 1
+    note = _disk_note(_compare(a, b))
+    assert note == f" (vda: 1 chunk(s) differ, first [{MIB:#x}, {2 * MIB:#x}) at byte " \
+        f"{MIB + 5:#x})"
+    assert "define a dir pool" in _disk_note(_compare(a, bytearray(a), dst_pool=None))
+    assert _disk_note(_compare(a, bytearray(a))).startswith(" (vda: 5.0 MiB, source ")

@@ -98,6 +98,8 @@ def _disk_note(d: dict[str, Any]) -> str:
                          + f"at byte {x['first_differing_byte']}")
         elif x.get("result") == "mismatch":
             notes.append(f"{t} at {', '.join(x.get('first_mismatches', []))}")
+        elif x.get("result") == "skipped":
+            notes.append(f"{t}: {x.get('why')}")
         elif x.get("result") == "ok" and "cost_s_per_gib" in x:
             notes.append(f"{t}: {fmt_bytes(x['bytes'])}, source {x['source_s']:.2f} s, "
                          f"destination {x['destination_s']:.2f} s")
