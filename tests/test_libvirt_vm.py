@@ -517,6 +517,51 @@ def test_corrupted_destination_disk_is_named_by_the_volume_streams(
         _cleanup(name)
 
 
+def test_copied_disk_outside_any_pool_is_skipped_with_what_to_define(
+        daemons: dict[str, str], tmp_path: Path) -> None:
+    """The source's image is in a directory no storage pool of the src daemon covers
+    (the dst daemon has one there, for libvirt's pre-creation): the streamed
+    comparison says which pool to define, and the destination runs."""
+    from livemig.virt.domain import lab_domain_xml
+
+    name = _unique("lmnopool")
+    directory = "/var/lib/libvirt/nopool"
+    for side in ("src", "dst"):
+        libvirtd.host_view(side, directory).mkdir(exist_ok=True)
+    image = libvirtd.host_view("src", f"{directory}/{name}.img")
+    with open(image, "wb") as f:
+        f.truncate(DISK_BYTES)
+    emulator = _emulator()
+    assert emulator is not None
+    c = _conn("dst")
+    pool = c.storagePoolCreateXML(f"<pool type='dir'><name>{name}</name><target><path>"
+                                  f"{directory}</path></target></pool>", 0)
+    try:
+        s = _conn("src")
+        try:
+            s.defineXML(lab_domain_xml(name, emulator, KERNEL, INITRD,
+                                       f"{directory}/{name}.img",
+                                       memory_mib=MEMORY_MIB)).create()
+        finally:
+            s.close()
+        proc, rep = _migrate(tmp_path, name, "--storage", "copy", "--set",
+                             "disk-check=stream", "--max-time", "180")
+        assert proc.returncode == 0, rep.get("reason")
+        disk = rep["consistency"]["disk_detail"]
+        assert rep["consistency"]["disk"] == "skipped", disk
+        why = disk["disks"]["vda"]["why"]
+        assert f"is in no storage pool on lm-src: define a dir pool over {directory}" in why
+        assert "define a dir pool" in proc.stdout
+        assert _where(name) == {"src": None, "dst": "running"}
+    finally:
+        _cleanup(name)
+        with contextlib.suppress(Exception):
+            pool.destroy()
+        c.close()
+        for side in ("src", "dst"):
+            shutil.rmtree(libvirtd.host_view(side, directory), ignore_errors=True)
+
+
 def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
         daemons: dict[str, str], tmp_path: Path) -> None:
     """kill -9 of livemig mid-migration: libvirt goes on with its peer-to-peer job,
