@@ -181,6 +181,7 @@ def test_guardian_resumes_a_completed_destination():
     ({"max_time": 0}, "--max-time"),
     ({"settings": (("throttle", "bogus"),)}, "bad --set throttle"),
     ({"settings": (("throttle", "dirty-limit"),)}, "dirty-limit needs KVM"),
+    ({"settings": (("disk-check", "stream"),)}, "disk-check is for libvirt runs"),
     ({"profile": "nope"}, "unknown profile"),
 ])
 def test_plan_rejects(kw, msg):

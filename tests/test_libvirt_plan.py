@@ -213,3 +213,13 @@ def test_ram_check_figures_and_mismatch_for_the_report() -> None:
     assert bad["detail"].startswith("x-ram-digest-check: guest RAM differs")
     assert "'pc.ram' bytes [0x0, 0x100000)" in bad["detail"]
     assert ram_check_failed("Connection reset")["result"] == "skipped"
+
+
+def test_disk_check_is_planned_and_checked() -> None:
+    copy = {"storage": "copy", "disks": ("vda",)}
+    p = plan_for("defaults", {"disk-check": "stream"}, **copy)
+    assert p.disk_check == "stream" and p.as_dict()["disk_check"] == "stream"
+    assert p.flags & P.PAUSED  # the images are compared before the destination runs
+    assert plan_for("defaults", **copy).disk_check == "auto"
+    with pytest.raises(UsageError, match=r"bad --set disk-check=nbd: .*auto.*file.*stream"):
+        plan_for("defaults", {"disk-check": "nbd"}, **copy)

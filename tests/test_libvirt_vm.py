@@ -443,6 +443,125 @@ def test_corrupted_destination_disk_is_named_and_held_paused(
         _cleanup(name)
 
 
+STREAM_METHOD = "libvirt volume stream"
+
+
+def test_copied_disk_verified_through_libvirt_volume_streams(
+        daemons: dict[str, str], tmp_path: Path) -> None:
+    """The comparison between real hosts, forced on the testbed: both daemons stream
+    their image through libvirt's storage API, digested per 1 MiB on both sides."""
+    name = _unique("lmstream")
+    _define(name, "copy")
+    try:
+        proc, rep = _migrate(tmp_path, name, "--storage", "copy", "--set",
+                             "disk-check=stream", "--max-time", "180")
+        assert proc.returncode == 0, rep.get("reason")
+        assert rep["outcome"] == "completed"
+        disk = rep["consistency"]["disk_detail"]
+        assert rep["consistency"]["disk"] == "ok", disk
+        assert disk["method"].startswith(STREAM_METHOD), disk
+        vda = disk["disks"]["vda"]
+        assert vda["result"] == "ok" and vda["bytes"] == DISK_BYTES
+        assert vda["chunk_size"] == 1 << 20
+        assert vda["source_s"] > 0 and vda["destination_s"] > 0
+        assert vda["cost_s_per_gib"]["source"] > 0
+        assert rep["settings"]["libvirt_plan"]["disk_check"] == "stream"
+        assert disk["hold_s"] >= vda["wall_s"]  # the guest waited for it, after downtime
+        assert any(e["event"] == "destination resumed" for e in rep["events"])
+        assert _where(name) == {"src": None, "dst": "running"}
+        assert "disk ok (vda:" in proc.stdout
+    finally:
+        _cleanup(name)
+
+
+def test_corrupted_destination_disk_is_named_by_the_volume_streams(
+        daemons: dict[str, str], tmp_path: Path) -> None:
+    """A byte of the destination's image flipped (through libvirt: a volume upload)
+    before the streamed comparison: a mismatch naming its chunk and byte, the
+    destination held paused, the source's image untouched, exit 4."""
+    offset = 0x234567
+    name = _unique("lmbadstream")
+    src_image = _define(name, "copy")
+    before = src_image.read_bytes()
+    try:
+        report = tmp_path / "report.json"
+        proc = subprocess.run(livemig_cmd(
+            "migrate", "--domain", name, "--connect", libvirtd.uri("src"),
+            "--to", libvirtd.uri("dst"), "--storage", "copy", "--report", str(report),
+            "--set", "disk-check=stream", "--inject-fault", f"disk-byte@{offset:#x}",
+            "--max-time", "180"),
+            capture_output=True, text=True, timeout=240,
+            env={**os.environ, "LIVEMIG_ALLOW_FAULT_INJECTION": "1"})
+        sys.stdout.write(proc.stdout)
+        rep = json.loads(report.read_text())
+        assert proc.returncode == 4, proc.stderr[-2000:]
+        assert rep["outcome"] == "completed"
+        assert rep["consistency"]["disk"] == "mismatch", rep["consistency"]
+        vda = rep["consistency"]["disk_detail"]["disks"]["vda"]
+        chunk = offset & ~((1 << 20) - 1)
+        assert vda["method"].startswith(STREAM_METHOD)
+        assert vda["mismatched_chunks"] == 1
+        assert vda["first_differing_chunk"]["range"] == [f"{chunk:#x}",
+                                                         f"{chunk + (1 << 20):#x}"]
+        assert vda["first_differing_byte"] == f"{offset:#x}"
+        assert f"at byte {offset:#x}" in proc.stdout
+        assert not any(e["event"] == "destination resumed" for e in rep["events"])
+        assert _where(name)["src"] is None and _where(name)["dst"] not in (None, "running")
+        # only that byte of the destination's image differs; the source's is intact
+        after = src_image.read_bytes()
+        assert after[offset] == before[offset]
+        dst = libvirtd.image_path("dst", f"{name}.img").read_bytes()
+        assert dst[offset] == after[offset] ^ 0xFF
+        assert dst[:offset] == after[:offset] and dst[offset + 1:] == after[offset + 1:]
+    finally:
+        _cleanup(name)
+
+
+def test_copied_disk_outside_any_pool_is_skipped_with_what_to_define(
+        daemons: dict[str, str], tmp_path: Path) -> None:
+    """The source's image is in a directory no storage pool of the src daemon covers
+    (the dst daemon has one there, for libvirt's pre-creation): the streamed
+    comparison says which pool to define, and the destination runs."""
+    from livemig.virt.domain import lab_domain_xml
+
+    name = _unique("lmnopool")
+    directory = "/var/lib/libvirt/nopool"
+    for side in ("src", "dst"):
+        libvirtd.host_view(side, directory).mkdir(exist_ok=True)
+    image = libvirtd.host_view("src", f"{directory}/{name}.img")
+    with open(image, "wb") as f:
+        f.truncate(DISK_BYTES)
+    emulator = _emulator()
+    assert emulator is not None
+    c = _conn("dst")
+    pool = c.storagePoolCreateXML(f"<pool type='dir'><name>{name}</name><target><path>"
+                                  f"{directory}</path></target></pool>", 0)
+    try:
+        s = _conn("src")
+        try:
+            s.defineXML(lab_domain_xml(name, emulator, KERNEL, INITRD,
+                                       f"{directory}/{name}.img",
+                                       memory_mib=MEMORY_MIB)).create()
+        finally:
+            s.close()
+        proc, rep = _migrate(tmp_path, name, "--storage", "copy", "--set",
+                             "disk-check=stream", "--max-time", "180")
+        assert proc.returncode == 0, rep.get("reason")
+        disk = rep["consistency"]["disk_detail"]
+        assert rep["consistency"]["disk"] == "skipped", disk
+        why = disk["disks"]["vda"]["why"]
+        assert f"is in no storage pool on lm-src: define a dir pool over {directory}" in why
+        assert "define a dir pool" in proc.stdout
+        assert _where(name) == {"src": None, "dst": "running"}
+    finally:
+        _cleanup(name)
+        with contextlib.suppress(Exception):
+            pool.destroy()
+        c.close()
+        for side in ("src", "dst"):
+            shutil.rmtree(libvirtd.host_view(side, directory), ignore_errors=True)
+
+
 def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
         daemons: dict[str, str], tmp_path: Path) -> None:
     """kill -9 of livemig mid-migration: libvirt goes on with its peer-to-peer job,

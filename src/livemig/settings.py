@@ -100,6 +100,11 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
     "ram-check": LivemigSetting("auto", _choice("auto", "file", "digest"),
                                 "how guest RAM is verified: auto (RAM files when both ends "
                                 "have one, else QEMU's RAM digest), file, digest"),
+    "disk-check": LivemigSetting("auto", _choice("auto", "file", "stream"),
+                                 "how a libvirt run verifies copied disks (--storage "
+                                 "copy): auto (the image files when this machine sees "
+                                 "both, as on the testbed, else libvirt's volume "
+                                 "streams), file, stream"),
 }
 
 # Stock QEMU only: these are the baselines livemig is judged against.

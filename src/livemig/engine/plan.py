@@ -79,6 +79,9 @@ class Plan:
                 st.kind(value)
             except (ValueError, UsageError):
                 raise UsageError(f"bad --set {key}={value}: {st.doc}") from None
+        if self.livemig_setting("disk-check") != "auto":
+            raise UsageError("--set disk-check is for libvirt runs (--domain with --storage "
+                             "copy), not lab or attach runs")
         throttle = self.livemig_setting("throttle")
         if throttle == "dirty-limit" and self.accel != "kvm":
             raise UsageError("throttle=dirty-limit needs KVM with a dirty ring; this run "

@@ -1,14 +1,18 @@
 """Facts read from a domain's XML and its daemons, and the copied disks'
-comparison on the testbed (both hosts' images are files on this machine)."""
+comparison: through libvirt's storage API on any hosts (``volumes``), or as files
+on the testbed, where both hosts' images are files on this machine."""
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from livemig.lab.diskcheck import compare_images
 from livemig.lab.faults import flip_byte
+from livemig.virt import volumes
+from livemig.virt.volumes import Skipped
 
 
 def writable_disks(xml: str) -> dict[str, str]:
@@ -63,27 +67,91 @@ def same_file_on_both(src_uri: str, dst_uri: str, paths: list[str]) -> str | Non
     return None
 
 
-def compare_copied_disks(src_uri: str, dst_uri: str, disks: dict[str, str],
-                         fault: int | None, event: Callable[..., None]) -> dict[str, Any]:
-    """Compare each copied disk's two images byte for byte (the destination is held
-    paused). ``fault``: debug, flip that byte of the first destination image first."""
+FILE_METHOD = "image files on this machine (testbed), byte for byte"
+
+
+def on_one_machine(src_uri: str, dst_uri: str) -> bool:
+    """Whether this machine can open both hosts' image files (the testbed)."""
+    from livemig.virt.conn import testbed_side
+
+    return testbed_side(src_uri) is not None and testbed_side(dst_uri) is not None
+
+
+def disk_formats(xml: str) -> dict[str, str]:
+    """target dev -> the image format QEMU reads (``<driver type>``; raw if unset)."""
+    out: dict[str, str] = {}
+    for disk in ET.fromstring(xml).findall("./devices/disk"):
+        tgt, drv = disk.find("target"), disk.find("driver")
+        if tgt is not None and tgt.get("dev"):
+            out[str(tgt.get("dev"))] = (drv.get("type") if drv is not None else None) or "raw"
+    return out
+
+
+@dataclass(frozen=True)
+class DiskEnds:
+    """The two daemons of a copied-storage migration."""
+
+    src_uri: str
+    dst_uri: str
+    src_conn: Any
+    dst_conn: Any
+
+
+def compare_copied_disks(ends: DiskEnds, disks: dict[str, str], formats: dict[str, str],
+                         method: str, fault: int | None,
+                         event: Callable[..., None]) -> dict[str, Any]:
+    """Compare each copied disk's two images (the destination is held paused):
+    ``method`` ``stream`` reads both through libvirt's storage API (any hosts),
+    ``file`` opens both files (the testbed). ``fault``: debug, flip that byte of the
+    first destination image first. One disk's mismatch makes the whole a mismatch;
+    else one that could not be compared makes it ``skipped``."""
+    details: dict[str, dict[str, Any]] = {}
+    for i, (target, path) in enumerate(disks.items()):
+        fmt = formats.get(target, "raw")
+        if fmt != "raw":
+            details[target] = {"result": "skipped", "why": (
+                f"{fmt} image: its file is a container whose bytes differ between two "
+                "correct copies; only raw images are compared")}
+            continue
+        one = _compare_stream if method == "stream" else _compare_files
+        try:
+            details[target] = one(ends, path, fault if i == 0 else None, event)
+        except Skipped as e:
+            details[target] = {"result": "skipped", "why": str(e)}
+    results = {d["result"] for d in details.values()}
+    result = ("mismatch" if "mismatch" in results else
+              "skipped" if "skipped" in results or not results else "ok")
+    event("disks compared", result=result, method=method)
+    out: dict[str, Any] = {"result": result, "method": (volumes.METHOD if method == "stream"
+                                                        else FILE_METHOD), "disks": details}
+    if result == "skipped":
+        out["why"] = "; ".join(f"{t}: {d['why']}" for t, d in details.items()
+                               if d["result"] == "skipped") or "no disk"
+    return out
+
+
+def _compare_stream(ends: DiskEnds, path: str, fault: int | None,
+                    event: Callable[..., None]) -> dict[str, Any]:
+    if fault is not None:
+        event("fault injected", kind="disk-byte", offset=f"{fault:#x}",
+              image=f"{path} on {ends.dst_uri} (libvirt volume upload)")
+    res = volumes.compare_volume(ends.src_conn, ends.dst_conn, path, fault)
+    return {"source": f"{ends.src_uri} {path}", "destination": f"{ends.dst_uri} {path}",
+            **res}
+
+
+def _compare_files(ends: DiskEnds, path: str, fault: int | None,
+                   event: Callable[..., None]) -> dict[str, Any]:
     from livemig.testbed import libvirtd
     from livemig.virt.conn import testbed_side
 
-    a_side, b_side = testbed_side(src_uri), testbed_side(dst_uri)
+    a_side, b_side = testbed_side(ends.src_uri), testbed_side(ends.dst_uri)
     if a_side is None or b_side is None:
-        return {"result": "skipped", "why": "the images are on two hosts: comparing "
-                "them needs read-only NBD exports of both (not implemented)"}
-    details = {}
-    ok = True
-    for i, (target, path) in enumerate(disks.items()):
-        a = libvirtd.host_view(a_side, path)
-        b = libvirtd.host_view(b_side, path)
-        if i == 0 and fault is not None:
-            flip_byte(b, fault)
-            event("fault injected", kind="disk-byte", offset=f"{fault:#x}", image=str(b))
-        res = compare_images(a, b).as_dict()
-        details[target] = {"source": str(a), "destination": str(b), **res}
-        ok = ok and res["result"] == "ok"
-    event("disks compared", result="ok" if ok else "mismatch")
-    return {"result": "ok" if ok else "mismatch", "disks": details}
+        raise Skipped("the images are on two hosts: disk-check=file needs both on this "
+                      "machine (use disk-check=stream)")
+    a, b = libvirtd.host_view(a_side, path), libvirtd.host_view(b_side, path)
+    if fault is not None:
+        flip_byte(b, fault)
+        event("fault injected", kind="disk-byte", offset=f"{fault:#x}", image=str(b))
+    res = compare_images(a, b).as_dict()
+    return {"source": str(a), "destination": str(b), "method": FILE_METHOD, **res}

@@ -145,6 +145,7 @@ class Plan:
     notes: tuple[str, ...] = field(default_factory=tuple)
     ram_check: bool = False  # the source sends RAM digests; the destination compares
     ram_check_why: str = ""  # why not, when it is off
+    disk_check: str = "auto"  # auto | file | stream (copied disks, --storage copy)
 
     def flag_names(self) -> list[str]:
         return [n for f, n in FLAG_NAMES.items() if self.flags & f]
@@ -159,7 +160,8 @@ class Plan:
                 "max_downtime": self.max_downtime, "on_stall": self.on_stall,
                 "poll_interval": self.poll_interval, "notes": list(self.notes),
                 "ram_check": ("in-stream digest" if self.ram_check
-                              else f"off: {self.ram_check_why}")}
+                              else f"off: {self.ram_check_why}"),
+                "disk_check": self.disk_check}
 
 
 def _onoff(key: str, value: str) -> bool:
@@ -303,7 +305,19 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
                 throttle_knob=knob, downtime_ramp=bool(lm["downtime-ramp"]),
                 max_downtime=int(lm["max-downtime"]), on_stall=on_stall,
                 poll_interval=float(lm["poll-interval"]), notes=tuple(notes),
-                ram_check=ram_check, ram_check_why=why)
+                ram_check=ram_check, ram_check_why=why, disk_check=str(lm["disk-check"]))
+
+
+def disk_check_method(wanted: str, one_machine: bool) -> str:
+    """``file`` or ``stream``: how copied disks are compared. ``auto`` opens the image
+    files when this machine sees both hosts' (the testbed), else streams them
+    through libvirt."""
+    if wanted == "auto":
+        return "file" if one_machine else "stream"
+    if wanted == "file" and not one_machine:
+        raise UsageError("--set disk-check=file needs both hosts' images on this machine "
+                         "(the testbed); between hosts use disk-check=stream (or auto)")
+    return wanted
 
 
 def _ram_check(qemu: QemuInfo, req: Request, flags: int,

@@ -78,16 +78,32 @@ def summary(rep: dict[str, Any]) -> str:
         f"CPU seconds      source {_f(cpu['source'], '')}, destination "
         f"{_f(cpu['destination'], '')}",
         f"consistency      RAM {cons['ram']}{_ram_note(cons['ram_detail'])}, disk "
-        f"{cons['disk']}" + "".join(
-            f" ({t} at {', '.join(d['first_mismatches'])})"
-            for t, d in cons["disk_detail"].get("disks", {}).items()
-            if d.get("result") == "mismatch"),
+        f"{cons['disk']}" + _disk_note(cons["disk_detail"]),
     ]
     if rep.get("disk_transferred_bytes"):
         lines.insert(4, f"disk sent        {fmt_bytes(rep['disk_transferred_bytes'])}")
     if rep.get("source_after"):
         lines.append(f"source after     {rep['source_after'].get('status')}")
     return "\n".join(lines)
+
+
+def _disk_note(d: dict[str, Any]) -> str:
+    """Where each mismatching disk differs, or the cost of a streamed comparison."""
+    notes = []
+    for t, x in d.get("disks", {}).items():
+        if x.get("result") == "mismatch" and "first_differing_byte" in x:
+            rng = x.get("first_differing_chunk", {}).get("range")
+            notes.append(f"{t}: {x['mismatched_chunks']} chunk(s) differ, first "
+                         + (f"[{rng[0]}, {rng[1]}) " if rng else "")
+                         + f"at byte {x['first_differing_byte']}")
+        elif x.get("result") == "mismatch":
+            notes.append(f"{t} at {', '.join(x.get('first_mismatches', []))}")
+        elif x.get("result") == "skipped":
+            notes.append(f"{t}: {x.get('why')}")
+        elif x.get("result") == "ok" and "cost_s_per_gib" in x:
+            notes.append(f"{t}: {fmt_bytes(x['bytes'])}, source {x['source_s']:.2f} s, "
+                         f"destination {x['destination_s']:.2f} s")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _ram_note(d: dict[str, Any]) -> str:

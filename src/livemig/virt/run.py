@@ -43,10 +43,13 @@ from livemig.progress import Progress
 from livemig.virt import journal, qmp
 from livemig.virt.conn import LibvirtError, find, libvirt_module, lookup, message, open_uri
 from livemig.virt.facts import (
+    DiskEnds,
     compare_copied_disks,
     cpu_seconds,
+    disk_formats,
     emulator,
     host_uuid,
+    on_one_machine,
     same_file_on_both,
     version,
     writable_disks,
@@ -62,6 +65,7 @@ from livemig.virt.plan import (
     THROTTLE_PARAM,
     Plan,
     Request,
+    disk_check_method,
     make_plan,
     with_globals,
 )
@@ -128,6 +132,8 @@ class DomainMigration:
         self.dst_conn: Any = None
         self.dom: Any = None
         self.disks: dict[str, str] = {}  # target -> source path (copied disks)
+        self.disk_formats: dict[str, str] = {}  # target -> raw, qcow2, ...
+        self.disk_method = "stream"  # file | stream: how the copied disks are compared
         self.restore_params: dict[str, Any] = {}
         self.restore_caps: dict[str, bool] = {}
         self.orig_downtime: int | None = None
@@ -160,6 +166,7 @@ class DomainMigration:
         self._repair_leftovers()  # first: what is probed next is then the real state
         xml = self.dom.XMLDesc(0)
         self.disks = writable_disks(xml)
+        self.disk_formats = disk_formats(xml)
         info = qmp.probe(self.dom)
         req = o.request
         if req.storage == "copy":
@@ -172,6 +179,8 @@ class DomainMigration:
             if shared:
                 raise UsageError(f"--storage copy: both hosts see {shared} as the same "
                                  "file (shared storage: use --storage shared)")
+            self.disk_method = disk_check_method(plan.disk_check,
+                                                 on_one_machine(o.src_uri, o.dst_uri))
         self.run.plan = plan
         self.run.libvirt = {
             "library_version": version(self.libvirt.getVersion()),
@@ -474,14 +483,24 @@ class DomainMigration:
             self.run.completed_stats = dict(dst.jobStats(
                 self.libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED))
         if plan.flags & PAUSED:
+            self.progress.step(f"comparing the copied disks (disk-check="
+                               f"{self.disk_method}); the destination is held paused")
+            ends = DiskEnds(o.src_uri, o.dst_uri, self.src_conn, self.dst_conn)
+            t0 = time.monotonic()
             self.run.disk_check = compare_copied_disks(
-                o.src_uri, o.dst_uri, self.disks, o.disk_fault, self.run.event)
+                ends, self.disks, self.disk_formats, self.disk_method, o.disk_fault,
+                self.run.event)
+            self.progress.step(f"disks {self.run.disk_check['result']} in "
+                               f"{time.monotonic() - t0:.2f} s")
             if self.run.disk_check.get("result") == "mismatch":
                 self.progress.step(f"disk mismatch: the destination stays paused (virsh "
                                    f"-c {o.dst_uri} resume {o.domain} runs it anyway)")
             else:
                 dst.resume()
                 self.run.event("destination resumed")
+                # the guest waited for the comparison: a verify hold after QEMU's
+                # downtime (not in downtime_ms)
+                self.run.disk_check["hold_s"] = round(time.monotonic() - t0, 3)
         if plan.ram_check:
             self.run.ram_check = self._ram_check_result(dst)
         stream = [k for k in plan.dst_globals if k in STREAM_PARAMS]
