@@ -164,6 +164,6 @@ def test_recorded_busy_writer_whose_rounds_stop_shrinking_is_throttled():
     # QEMU's dirty-page rate said the link outran the guest, but the rounds stopped
     # shrinking (206 -> 243 MB): the run left alone by the rates alone needed 4 more
     # rounds and a forced downtime ramp; the observed shrink makes it act at round 5
-    p, acts = replay("busy-db-400mbit-stalling")
+    _, acts = replay("busy-db-400mbit-stalling")
     assert len(acts) == 1 and acts[0].percent >= 40
     assert "round 5" in acts[0].reason
