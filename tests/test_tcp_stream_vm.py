@@ -8,19 +8,27 @@ import os
 import pytest
 
 from conftest import new_run_id, run_migrate
+from livemig.testbed import vswitch
 
 pytestmark = [pytest.mark.vm, pytest.mark.testbed]
 # the run may queue for the shared testbed (LIVEMIG_TESTBED_WAIT) before it boots
 QUEUE_TIMEOUT = 400 + float(os.environ.get("LIVEMIG_TESTBED_WAIT", "0") or 0)
 
 
-def test_tcp_stream_survives_migration(tmp_path):
-    r = run_migrate(tmp_path, "--memory", "512M", "--workload", "mem:size=64M,rate=16M",
+@pytest.mark.parametrize("net", ["tap", "vhost-user,queues=2"])
+def test_tcp_stream_survives_migration(tmp_path, net):
+    if net != "tap" and (why := vswitch.missing()) is not None:
+        if os.environ.get("CI"):  # CI installs it (.ci/deps.sh): missing is a failure
+            pytest.fail(why)
+        pytest.skip(f"vhost-user switch not installed: {why}")
+    r = run_migrate(tmp_path, "--net", net, "--vcpus", "1" if net == "tap" else "2",
+                    "--memory", "512M", "--workload", "mem:size=64M,rate=16M",
                     "--link", "1gbit", "--set", "client-stream=tcp", "--max-time", "150",
                     "--run-id", new_run_id(), timeout=QUEUE_TIMEOUT)
     rep = r.report
     assert r.rc == 0, rep.get("reason")
     assert rep["outcome"] == "completed"
+    assert rep["settings"]["net"] == net
     # the sink's receive buffers were written during the copy: RAM still identical
     assert rep["consistency"]["ram"] == "ok"
     st = rep["network"]["stream"]
@@ -43,3 +51,5 @@ def test_tcp_stream_survives_migration(tmp_path):
     assert st["longest_stall_raw_ms"] is not None, st
     assert 0 <= st["longest_stall_ms"] < 10000, st
     assert rep["network"]["after_switchover"]["answered_by"] == "destination"
+    if net != "tap":  # the switch logged its writes into guest RAM while migrating
+        assert rep["network"]["vhost_user"]["log_enabled_seen"], rep["network"]
