@@ -115,3 +115,39 @@ def test_agent_link_keeps_sink_counters_and_events():
     assert a.rates[0].net_bytes == 12345 and a.rates[0].work == 4096
     assert [e["ev"] for e in a.tcp_events] == ["tcp_open", "tcp_close"]
     assert a.tcp_events[1]["t"] == 6.0
+
+
+def _bench():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench" / "vhost_user.py"
+    spec = importlib.util.spec_from_file_location("bench_vhost_user", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_tcp_table_medians_and_ratios():
+    b = _bench()
+
+    def rep(before, stall):
+        return {"outcome": "completed", "consistency": {"ram": "ok"}, "network_pause_ms": 100,
+                "network": {"stream": {"kind": "tcp", "before_migration_bps": before * 1e6,
+                                       "during_migration_bps": before * 5e5,
+                                       "after_switchover_bps": before * 1e6,
+                                       "longest_stall_ms": stall, "connection": "survived",
+                                       "guest_bytes_after_switchover": 2**20}}}
+
+    rows = [b.summarize("tap", rep(1000, 100), 0, 1.0),
+            b.summarize("vhost-user", rep(500, 300), 0, 1.0),
+            b.summarize("tap", rep(2000, 200), 0, 1.0),
+            {"net": "vhost-user,queues=2", "error": "testbed busy"}]
+    text = b.table(rows)
+    assert "TCP Mbit/s before" in text and "error: testbed busy" in text
+    # medians over the repeats, ratios against tap: 500 / 1500 and 300 / 150
+    assert "| tap | 2 | 1500.0 | 1.00 |" in text
+    assert "| vhost-user | 1 | 500.0 | 0.33 | 250.0 | 0.33 | 500.0 | 300 | 2.00 |" in text
+    # reports measured with the UDP stream keep their own table
+    udp = b.summarize("tap", {"network": {"stream": {"kind": "udp-echo"}}}, 0, 1.0)
+    assert "stream Mbit/s (before)" in b.table([udp])
