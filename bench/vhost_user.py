@@ -61,6 +61,7 @@ def summarize(net: str, r: dict[str, Any], rc: int | None,
         "dirty_log_seen": n.get("vhost_user", {}).get("log_enabled_seen"),
         "log_shmfd": n.get("vhost_user", {}).get("src", {}).get("log_shmfd"),
         "queue_packets": n.get("vhost_user", {}).get("src_queue_packets"),
+        "port_drops": n.get("vhost_user", {}).get("src_port_drops"),
         "stream": st.get("kind"),
         # --stream tcp: acked payload (one direction), the stall, the connection
         "after_switchover_mbps": _mbps(st.get("after_switchover_bps")),

@@ -291,6 +291,7 @@ class LabRun(Hooks):
         if self.switches:  # which queue pairs carried the guest's traffic so far
             self.vhost["src_queue_packets"] = \
                 self.switches[self.opts.src_host].queue_counters()
+            self.vhost["src_port_drops"] = self.switches[self.opts.src_host].drop_counters()
         self._plan_pinning()
 
     async def on_poll(self, now: float, obs: Observation) -> dict[str, Any]:
