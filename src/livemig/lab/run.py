@@ -288,6 +288,9 @@ class LabRun(Hooks):
             if self.livemig["disk-schedule"] in ("first", "libvirt"):
                 await self.copy.wait_ready(self.t_migrate, self.opts.max_time,
                                            self._policy_tick(), self._check_interrupt)
+        if self.opts.testbed and not self.switches:  # packets to/from the guest so far
+            self.network["tap_packets_at_migration"] = \
+                topology.tap_counters(self.opts.src_host)
         if self.switches:  # which queue pairs carried the guest's traffic so far
             self.vhost["src_queue_packets"] = \
                 self.switches[self.opts.src_host].queue_counters()

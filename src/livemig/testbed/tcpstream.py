@@ -217,6 +217,7 @@ class TcpStream:
         if t_migrate is not None:
             gap = longest_stall(s.progress_times(), t_migrate, t_end)
         stall = stall_without_hold(gap, hold)
+        before_acked = None if t_migrate is None else s.acked_at(t_migrate)
         after_acked = None
         if t_cont is not None and s.points:
             a = s.acked_at(t_cont)
@@ -225,6 +226,8 @@ class TcpStream:
             "kind": "tcp", "port": self.target[1],
             "bytes_sent": self.sent,
             "bytes_acked": s.points[-1][1] if s.points else 0,
+            "bytes_acked_before_migration": None if before_acked is None
+            else int(before_acked),
             "bytes_acked_after_switchover": after_acked,
             "retransmits": self.retransmits,
             "connection": "error" if self.error else "survived",
