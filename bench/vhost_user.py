@@ -2,12 +2,16 @@
 """Guest NIC backends side by side: virtio-net via tap vs vhost-user (Open vSwitch +
 DPDK) with 1 and 2 queue pairs, each migrated while the client streams to the guest.
 
-    nice -n 19 python3 bench/vhost_user.py --repeats 3 --out reports/vhost-user
+    nice -n 19 python3 bench/vhost_user.py --repeats 3 --out reports/vhost-user-tcp
+    nice -n 19 python3 bench/vhost_user.py --stream udp --out reports/vhost-user
 
 Runs ``livemig migrate`` once per backend per repeat, interleaved (tap, 1q, 2q, tap,
 ...), same guest (2 vCPUs so that the guest's driver uses both queue pairs), same
-light memory workload, the client's UDP echo stream on (``--set client-stream=on``)
-and its 10 ms probes. Writes every report, a JSON summary and the Markdown table
+light memory workload, the client's 10 ms probes and its stream to the guest
+(``--stream``, i.e. ``--set client-stream=``): ``tcp`` (default) one TCP connection
+to the agent's sink, flat out: acked throughput before, during and after the
+migration and the longest stall; ``udp`` the UDP echo stream the first results were
+measured with. Writes every report, a JSON summary and the Markdown table
 (``table.md``, copied into docs/results/vhost-user.md by hand with the context).
 """
 
@@ -25,11 +29,12 @@ from typing import Any
 
 NETS = ("tap", "vhost-user", "vhost-user,queues=2")
 COMMON = ["--vcpus", "2", "--memory", "512M", "--workload", "mem:size=64M,rate=16M",
-          "--link", "1gbit", "--set", "client-stream=on", "--set", "warmup=5", "-q"]
+          "--link", "1gbit", "--set", "warmup=5", "-q"]
 
 
-def run_one(livemig: str, net: str, report: Path) -> dict[str, Any]:
-    argv = [livemig, "migrate", "--net", net, *COMMON, "--report", str(report)]
+def run_one(livemig: str, net: str, report: Path, stream: str = "tcp") -> dict[str, Any]:
+    argv = [livemig, "migrate", "--net", net, *COMMON, "--set", f"client-stream={stream}",
+            "--report", str(report)]
     env = {**os.environ, "LIVEMIG_TESTBED_WAIT": os.environ.get("LIVEMIG_TESTBED_WAIT",
                                                                 "1800")}
     t = time.time()
@@ -56,6 +61,15 @@ def summarize(net: str, r: dict[str, Any], rc: int | None,
         "dirty_log_seen": n.get("vhost_user", {}).get("log_enabled_seen"),
         "log_shmfd": n.get("vhost_user", {}).get("src", {}).get("log_shmfd"),
         "queue_packets": n.get("vhost_user", {}).get("src_queue_packets"),
+        "port_drops": n.get("vhost_user", {}).get("src_port_drops"),
+        "stream": st.get("kind"),
+        # --stream tcp: acked payload (one direction), the stall, the connection
+        "after_switchover_mbps": _mbps(st.get("after_switchover_bps")),
+        "tcp_stall_ms": st.get("longest_stall_ms"),
+        "tcp_stall_raw_ms": st.get("longest_stall_raw_ms"),
+        "tcp_retransmits": st.get("retransmits"),
+        "tcp_connection": st.get("connection"),
+        "guest_bytes_after_switchover": st.get("guest_bytes_after_switchover"),
     }
 
 
@@ -64,6 +78,8 @@ def _mbps(bps: float | None) -> float | None:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    if any(r.get("stream") == "tcp" for r in rows):
+        return tcp_table(rows)
     out = ["| net | run | outcome | RAM | answered by | stream Mbit/s (before) | "
            "stream Mbit/s (during migration) | network pause ms | probes lost | "
            "guest pause ms | QEMU downtime ms | total s |",
@@ -100,6 +116,53 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
+def tcp_table(rows: list[dict[str, Any]]) -> str:
+    """Runs with the TCP stream: throughput is acked payload, client to guest."""
+    out = ["| net | run | outcome | RAM | answered by | TCP Mbit/s before | during | "
+           "after | TCP stall ms | stall raw ms | retransmits | connection | "
+           "guest MiB after switchover | network pause ms | guest pause ms | "
+           "QEMU downtime ms | total s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    runs: dict[str, int] = {}
+    for r in rows:
+        runs[r["net"]] = runs.get(r["net"], 0) + 1
+        if "error" in r:
+            out.append(f"| {r['net']} | {runs[r['net']]} | error: {r['error']} |"
+                       + " |" * 14)
+            continue
+        gb = r.get("guest_bytes_after_switchover")
+        out.append(f"| {r['net']} | {runs[r['net']]} | {r['outcome']} | {r['ram']} | "
+                   f"{r['answered_by']} | {r['throughput_mbps']} | "
+                   f"{r['during_migration_mbps']} | {r.get('after_switchover_mbps')} | "
+                   f"{r.get('tcp_stall_ms')} | {r.get('tcp_stall_raw_ms')} | "
+                   f"{r.get('tcp_retransmits')} | {r.get('tcp_connection')} | "
+                   f"{None if gb is None else round(gb / 2**20, 1)} | "
+                   f"{r['network_pause_ms']} | {r.get('guest_pause_ms')} | "
+                   f"{r['downtime_ms']} | {r['total_time_s']} |")
+    keys = ("throughput_mbps", "during_migration_mbps", "after_switchover_mbps",
+            "tcp_stall_ms", "network_pause_ms", "guest_pause_ms")
+    med: dict[str, dict[str, float | None]] = {}
+    for net in NETS:
+        ok = [r for r in rows if r["net"] == net and "error" not in r]
+        med[net] = {k: _median([r.get(k) for r in ok]) for k in keys}
+        med[net]["n"] = len(ok)
+    base = med.get("tap", {})
+    out += ["", "| net | repeats | median TCP Mbit/s before | ratio to tap | during | "
+            "ratio to tap | after | median TCP stall ms | ratio to tap | "
+            "median network pause ms (UDP probes) | median guest pause ms |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for net in NETS:
+        m = med[net]
+        out.append(f"| {net} | {m['n']} | {m['throughput_mbps']} | "
+                   f"{_ratio(m['throughput_mbps'], base.get('throughput_mbps'))} | "
+                   f"{m['during_migration_mbps']} | "
+                   f"{_ratio(m['during_migration_mbps'], base.get('during_migration_mbps'))}"
+                   f" | {m['after_switchover_mbps']} | {m['tcp_stall_ms']} | "
+                   f"{_ratio(m['tcp_stall_ms'], base.get('tcp_stall_ms'))} | "
+                   f"{m['network_pause_ms']} | {m['guest_pause_ms']} |")
+    return "\n".join(out) + "\n"
+
+
 def _median(xs: list[Any]) -> float | None:
     xs = [x for x in xs if x is not None]
     return round(statistics.median(xs), 1) if xs else None
@@ -112,7 +175,9 @@ def _ratio(a: float | None, b: float | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path("reports/vhost-user"))
+    ap.add_argument("--out", type=Path, default=Path("reports/vhost-user-tcp"))
+    ap.add_argument("--stream", choices=("tcp", "udp"), default="tcp",
+                    help="the client's stream to the guest (--set client-stream=)")
     ap.add_argument("--resume", action="store_true",
                     help="reuse the reports already in --out instead of running again")
     ap.add_argument("--livemig", default=str(Path(sys.executable).parent / "livemig"))
@@ -125,7 +190,7 @@ def main() -> int:
             if rep.exists() and a.resume:
                 rows.append(summarize(net, json.loads(rep.read_text()), None, None))
             else:
-                rows.append(run_one(a.livemig, net, rep))
+                rows.append(run_one(a.livemig, net, rep, a.stream))
             print(json.dumps(rows[-1]), flush=True)
             # written after every run: a long queue for the testbed loses nothing
             (a.out / "summary.json").write_text(json.dumps(rows, indent=1))

@@ -7,7 +7,7 @@
  *
  * One file per concept: util.c (clock, PRNG, pacer, checksum), spec.c (workload
  * grammar), fill.c (page contents), memload.c (memory dirtier), diskload.c (disk
- * writer), verify.c (stamp-and-verify), echo.c (UDP echo), channel.c (host channel
+ * writer), verify.c (stamp-and-verify), echo.c (UDP echo), sink.c (TCP sink), channel.c (host channel
  * and its writer thread), workload.c (start/stop of a workload), main.c.
  */
 #ifndef LIVEMIG_AGENT_H
@@ -103,6 +103,7 @@ void touch_page(uint8_t *page, enum page_kind kind, unsigned touch, rng_t *r);
 /* ---- counters (workload.c) ------------------------------------------------- */
 struct counters {
     _Atomic uint64_t mem_bytes, mem_ops, disk_bytes, disk_ops, verify_blocks, verify_errors;
+    _Atomic uint64_t net_bytes, net_conns; /* the TCP sink (sink.c) */
 };
 extern struct counters g_count;
 extern atomic_int g_stop; /* ask workload threads to stop */
@@ -183,6 +184,10 @@ void verify_free(struct verify_job *j);
 /* ---- echo.c ---------------------------------------------------------------- */
 #define ECHO_PORT 7777
 void *echo_thread(void *arg);
+
+/* ---- sink.c ---------------------------------------------------------------- */
+#define SINK_PORT 7778
+void *sink_thread(void *arg);
 
 /* ---- workload.c ------------------------------------------------------------ */
 /* Replace the running workload; answers "ready" or "error". 0 = started. */

@@ -34,7 +34,8 @@ static void *reporter(void *arg)
         if (t >= next_report) {
             channel_send(0, "{\"ev\":\"rate\",\"seq\":%llu,\"t\":%llu,\"mem_bytes\":%llu,"
                          "\"mem_ops\":%llu,\"disk_bytes\":%llu,\"disk_ops\":%llu,"
-                         "\"verify_blocks\":%llu,\"verify_errors\":%llu,\"dropped\":%llu}\n",
+                         "\"verify_blocks\":%llu,\"verify_errors\":%llu,\"dropped\":%llu,"
+                         "\"net_bytes\":%llu,\"net_conns\":%llu}\n",
                          (unsigned long long)seq++, (unsigned long long)t,
                          (unsigned long long)atomic_load(&g_count.mem_bytes),
                          (unsigned long long)atomic_load(&g_count.mem_ops),
@@ -42,7 +43,9 @@ static void *reporter(void *arg)
                          (unsigned long long)atomic_load(&g_count.disk_ops),
                          (unsigned long long)atomic_load(&g_count.verify_blocks),
                          (unsigned long long)atomic_load(&g_count.verify_errors),
-                         (unsigned long long)channel_dropped());
+                         (unsigned long long)channel_dropped(),
+                         (unsigned long long)atomic_load(&g_count.net_bytes),
+                         (unsigned long long)atomic_load(&g_count.net_conns));
             next_report += report_ns;
             if (next_report <= t) {
                 next_report = t + report_ns;
@@ -125,9 +128,11 @@ int main(int argc, char **argv)
                  (unsigned long long)si.totalram * si.mem_unit / 1024,
                  sysconf(_SC_NPROCESSORS_ONLN), esc);
     start_thread(&t, reporter, NULL, 1);
-    /* the UDP echo answers probes on the guest network, when there is one */
+    /* the UDP echo answers probes on the guest network, when there is one; the TCP
+     * sink takes a client's stream there (normal priority: it may run flat out) */
     if (cmdline_arg(cmdline, "livemig.ip", ip, sizeof(ip))) {
         start_thread(&t, echo_thread, NULL, 1);
+        start_thread(&t, sink_thread, NULL, 0);
     }
     workload_start(spec);
     for (;;) {

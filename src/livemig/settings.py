@@ -41,6 +41,18 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return conv
 
 
+def _client_stream(value: str) -> str:
+    """off | udp | tcp; the boolean spellings of before stay: on = udp."""
+    v = value.lower()
+    if v in _TRUE or v == "udp":
+        return "udp"
+    if v in _FALSE:
+        return "off"
+    if v == "tcp":
+        return v
+    raise ValueError(value)
+
+
 def _granularity(value: str) -> int | str:
     if value == "auto":
         return value
@@ -93,10 +105,16 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                                      "guest writes never wait behind the bulk copy; "
                                      "write-blocking once in sync, so nothing is copied "
                                      "twice)"),
-    "client-stream": LivemigSetting(False, _onoff, "testbed: the client streams UDP "
-                                    "datagrams to the guest's echo (a window of 32 x "
-                                    "1400 B in flight) from boot to the end; its "
-                                    "throughput is in the report's network.stream"),
+    "client-stream": LivemigSetting("off", _client_stream, "testbed: a stream from the "
+                                    "client to the guest from boot to the end, in the "
+                                    "report's network.stream. udp (or on): datagrams to "
+                                    "the guest's echo, a window of 32 x 1400 B in "
+                                    "flight, echoed payload/s; tcp: one TCP connection "
+                                    "to the guest's sink (port 7778) sending flat out: "
+                                    "acked bytes/s before, during and after the "
+                                    "migration, the longest stall (no new bytes acked), "
+                                    "retransmits and whether the connection survived; "
+                                    "off"),
     "ram-check": LivemigSetting("auto", _choice("auto", "file", "digest"),
                                 "how guest RAM is verified: auto (RAM files when both ends "
                                 "have one, else QEMU's RAM digest), file, digest"),

@@ -29,6 +29,7 @@ class RateSample:
     disk_bytes: int
     verify_blocks: int
     source: str  # which VM's channel it came from
+    net_bytes: int = 0  # bytes the guest's TCP sink received (cumulative)
 
     @property
     def work(self) -> int:
@@ -47,6 +48,7 @@ class AgentLink:
         self.hello: dict[str, Any] | None = None
         self.errors: list[str] = []
         self.verify_errors: list[dict[str, Any]] = []
+        self.tcp_events: list[dict[str, Any]] = []  # the TCP sink's tcp_open/tcp_close
         self.ready = asyncio.Event()
         self.closed = asyncio.Event()
         self._pongs: dict[str, asyncio.Future[float]] = {}
@@ -97,7 +99,11 @@ class AgentLink:
                 t=now, mem_bytes=int(msg.get("mem_bytes", 0)),
                 disk_bytes=int(msg.get("disk_bytes", 0)),
                 verify_blocks=int(msg.get("verify_blocks", 0)), source=self.name,
+                net_bytes=int(msg.get("net_bytes", 0)),
             ))
+        elif ev in ("tcp_open", "tcp_close"):
+            msg["t"] = now
+            self.tcp_events.append(msg)
         elif ev == "hello":
             self.hello = msg
         elif ev == "ready":

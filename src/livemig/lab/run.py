@@ -55,6 +55,7 @@ from livemig.spec import Workload
 from livemig.testbed import netns, topology, vswitch
 from livemig.testbed.probe import Prober
 from livemig.testbed.stream import Stream
+from livemig.testbed.tcpstream import TcpStream
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class LabRun(Hooks):
         self.pin_plan: pinning.PinPlan | None = None
         self.pinning: dict[str, Any] = {}
         self.prober: Prober | None = None
-        self.stream: Stream | None = None  # --set client-stream=on
+        self.stream: Stream | TcpStream | None = None  # --set client-stream=udp|tcp
         self.switches: dict[str, vswitch.Switch] = {}  # --net vhost-user: per host
         self.vhost: dict[str, Any] = {}  # what QEMU negotiated with the switch
         self.network: dict[str, Any] = {}
@@ -255,10 +256,7 @@ class LabRun(Hooks):
             await self._wait_ready()
         if o.testbed:
             await self._start_probes()
-            if self.livemig.get("client-stream"):
-                self.stream = Stream()
-                self.stream.start()
-                self.progress.step("client streams UDP datagrams to the guest's echo")
+            await self._start_stream(str(self.livemig.get("client-stream", "off")))
         if self.switches:
             self.vhost["src"] = await self._vhost_status(self.src)
         if self.service is not None:
@@ -290,9 +288,13 @@ class LabRun(Hooks):
             if self.livemig["disk-schedule"] in ("first", "libvirt"):
                 await self.copy.wait_ready(self.t_migrate, self.opts.max_time,
                                            self._policy_tick(), self._check_interrupt)
+        if self.opts.testbed and not self.switches:  # packets to/from the guest so far
+            self.network["tap_packets_at_migration"] = \
+                topology.tap_counters(self.opts.src_host)
         if self.switches:  # which queue pairs carried the guest's traffic so far
             self.vhost["src_queue_packets"] = \
                 self.switches[self.opts.src_host].queue_counters()
+            self.vhost["src_port_drops"] = self.switches[self.opts.src_host].drop_counters()
         self._plan_pinning()
 
     async def on_poll(self, now: float, obs: Observation) -> dict[str, Any]:
@@ -463,6 +465,52 @@ class LabRun(Hooks):
                     dev.get("acked-features", {}).get("dev-features", [])),
                 "log_enabled": bool(dev.get("log-enabled")),
                 "log_size": dev.get("log-size")}
+
+    async def _start_stream(self, mode: str) -> None:
+        """``--set client-stream=udp|tcp``: the client's stream to the guest."""
+        if mode == "udp":
+            self.stream = Stream()
+            self.stream.start()
+            self.progress.step("client streams UDP datagrams to the guest's echo")
+        elif mode == "tcp":
+            tcp = TcpStream()
+            try:
+                await asyncio.to_thread(tcp.start)
+            except OSError as e:
+                raise VMError(f"the guest's TCP sink at {tcp.target[0]}:{tcp.target[1]} "
+                              f"does not accept the client's connection: {e}") from e
+            self.stream = tcp
+            self.progress.step(f"client streams TCP to the guest's sink "
+                               f"({tcp.target[0]}:{tcp.target[1]})")
+
+    def _stream_summary(self) -> dict[str, Any]:
+        assert self.stream is not None
+        end = self.t_end or time.time()
+        if isinstance(self.stream, Stream):
+            return self.stream.summary(self.t_ready or end, self.t_migrate, end)
+        rec = self.record
+        out = self.stream.summary(self.t_migrate, rec.t_dst_done if rec else None,
+                                  rec.t_cont if rec else None, end, self._hold())
+        out.update(self._sink_view(rec.t_cont if rec else None))
+        return out
+
+    def _sink_view(self, t_cont: float | None) -> dict[str, Any]:
+        """What the guest's sink counted: bytes received after the destination
+        resumed (its agent's counter) and how the connection ended on its side."""
+        events = [e for a in (self.src_agent, self.dst_agent) if a for e in a.tcp_events]
+        closes = [e for e in events if e.get("ev") == "tcp_close"]
+        after = None
+        if self.dst_agent is not None and t_cont is not None:
+            # the counter moved with the guest: the source's last report is the base
+            rates = [r.net_bytes for r in self.dst_agent.rates if r.t >= t_cont]
+            before = [r.net_bytes for a in (self.src_agent, self.dst_agent) if a
+                      for r in a.rates if r.t < t_cont]
+            if rates:
+                after = max(rates) - (max(before) if before else min(rates))
+        return {"guest_connections": sum(1 for e in events if e.get("ev") == "tcp_open"),
+                "guest_bytes_after_switchover": after,
+                "guest_close": [{k: e.get(k) for k in ("conn", "bytes", "how", "errno")}
+                                for e in closes]}
 
     async def _start_probes(self) -> None:
         """The client starts probing the guest; it must answer before we migrate."""
@@ -709,9 +757,10 @@ class LabRun(Hooks):
             await self.service.stop()
         self.progress.close()
         if self.stream is not None:
-            self.stream.stop()
-            self.network["stream"] = self.stream.summary(
-                self.t_ready or time.time(), self.t_migrate, self.t_end or time.time())
+            await asyncio.to_thread(self.stream.stop)
+            if isinstance(self.stream, TcpStream):  # the guest's tcp_close line
+                await self._sleep(0.3, interruptible=False)
+            self.network["stream"] = self._stream_summary()
         if self.prober is not None:
             self.prober.stop()
             self.network.update(self.prober.summary(

@@ -238,14 +238,24 @@ class Switch:
         """Good packets per virtqueue of the guest's port (rx_qN: sent by the guest on
         its queue pair N, tx_qN: written by the switch into the guest's queue N), from
         the database (refreshed by the switch every 5 s)."""
+        return {k.removesuffix("_good_packets"): v for k, v in self._statistics().items()
+                if k.endswith("_good_packets") and k.startswith(("rx_q", "tx_q"))}
+
+    def drop_counters(self) -> dict[str, int]:
+        """The guest's port's drop counters (e.g. ``ovs_tx_failure_drops``: packets
+        the switch could not write because the guest's receive ring was full), from
+        the database (refreshed every 5 s)."""
+        return {k: v for k, v in self._statistics().items() if "drop" in k}
+
+    def _statistics(self) -> dict[str, int]:
         try:
             text = self.vsctl("--format=json", "--columns=statistics", "list",
                               "Interface", PORT, wait=False) if self.running() else ""
             data = json.loads(text)["data"][0][0][1]  # ["map", [[key, value], ...]]
-        except (SetupError, ValueError, LookupError, OSError, subprocess.SubprocessError):
+            return {str(k): int(v) for k, v in sorted(data)}
+        except (SetupError, ValueError, LookupError, TypeError, OSError,
+                subprocess.SubprocessError):
             return {}
-        return {str(k).removesuffix("_good_packets"): int(v) for k, v in sorted(data)
-                if str(k).endswith("_good_packets") and str(k).startswith(("rx_q", "tx_q"))}
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
