@@ -58,6 +58,8 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("sent_mib", "RAM sent (MiB)"),
     ("rounds", "rounds (dirty syncs)"),
     ("boot_s", "QEMU exec -> guest agent ready (s)"),
+    ("drain_count", "switchover drains (x-switchover-drain)"),
+    ("drain_ms", "time in drains, guest running (ms)"),
 )
 
 
@@ -71,6 +73,7 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
     cpus = report.get("cpu_seconds") or {}
     cpu = cpus.get("source_migration_threads")
     sent = report.get("ram_transferred_bytes")
+    drain = (report.get("qemu_final_stats") or {}).get("x-switchover-drain") or {}
     boot = next((e.get("boot_s") for e in report.get("events") or []
                  if e.get("event") == "guest ready"), None)
     return {
@@ -90,6 +93,8 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
         "sent_mib": round(sent / (1 << 20), 1) if sent is not None else None,
         "rounds": report.get("rounds"),
         "boot_s": boot,
+        "drain_count": drain.get("count"),
+        "drain_ms": drain.get("time-ms"),
         "dst_cpu_s_per_gib": (round(cpus["destination"] / gib, 3)
                               if cpus.get("destination") is not None and gib else None),
         "encoding": (report.get("encoding") or {}).get("encoding"),

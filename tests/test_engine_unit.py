@@ -279,3 +279,42 @@ def test_guardian_undoes_the_labs_disk_mirror_and_io_cap():
     assert src.called("block-job-cancel") == [{"device": "mirror0", "force": True}]
     assert src.called("block_set_io_throttle")[0]["bps_wr"] == 0
     assert src.status == "running"
+
+
+# -- switchover-drain (patch 0007) ----------------------------------------------------
+def _negotiated(profile: str, sets: dict[str, str], *, patched: bool):
+    from livemig.engine.negotiate import negotiate
+    from livemig.settings import DRAIN_CAP, merge
+
+    src, dst = ends()
+    for end in (src, dst):
+        end.caps["return-path"] = False
+        if patched:
+            end.caps[DRAIN_CAP] = False
+    plan = Plan(URI, settings=tuple(merge(profile, sets).items()), profile=profile,
+                explicit=frozenset(sets)).validate()
+    return asyncio.run(negotiate(src, dst, plan))
+
+
+def test_livemig_profile_drains_with_return_path_where_qemu_can():
+    n = _negotiated("livemig", {}, patched=True)
+    assert n.capabilities["x-switchover-drain"] is True
+    assert n.capabilities["return-path"] is True
+    # a stock QEMU: auto leaves both alone
+    n = _negotiated("livemig", {}, patched=False)
+    assert "x-switchover-drain" not in n.capabilities
+    assert "return-path" not in n.capabilities
+
+
+def test_switchover_drain_off_and_on():
+    n = _negotiated("livemig", {"switchover-drain": "off"}, patched=True)
+    assert n.capabilities["x-switchover-drain"] is False
+    assert "return-path" not in n.capabilities
+    n = _negotiated("defaults", {"switchover-drain": "on"}, patched=True)
+    assert n.capabilities["x-switchover-drain"] is True
+    assert n.capabilities["return-path"] is True
+    assert "x-switchover-drain" not in _negotiated("defaults", {}, patched=True).capabilities
+    with pytest.raises(UsageError, match="no x-switchover-drain"):
+        _negotiated("upstream-plain", {"switchover-drain": "on"}, patched=False)
+    with pytest.raises(UsageError, match="bad --set switchover-drain"):
+        _negotiated("livemig", {"switchover-drain": "maybe"}, patched=True)

@@ -123,7 +123,17 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                                  "copy): auto (the image files when this machine sees "
                                  "both, as on the testbed, else libvirt's volume "
                                  "streams), file, stream"),
+    "switchover-drain": LivemigSetting(
+        "off", _choice("auto", "on", "off"),
+        "before the switchover, wait until the destination has loaded what was sent "
+        "(patched QEMU's x-switchover-drain, with return-path): on, off, or auto (on "
+        "when the QEMU has it)"),
 }
+
+# patched QEMU (qemu/patches/0007): the capability behind switchover-drain, and the
+# one it requires
+DRAIN_CAP = "x-switchover-drain"
+DRAIN_NEEDS = "return-path"
 
 # Stock QEMU only: these are the baselines livemig is judged against.
 PROFILES: dict[str, dict[str, str]] = {
@@ -141,7 +151,8 @@ PROFILES: dict[str, dict[str, str]] = {
     "livemig": {"encoding": "auto", "throttle": "converge",
                 "downtime-ramp": "on", "max-downtime": "1000", "on-stall": "force",
                 "io-qos": "on", "pin": "auto", "disk-schedule": "first",
-                "disk-granularity": "auto", "disk-copy-mode": "ready"},
+                "disk-granularity": "auto", "disk-copy-mode": "ready",
+                "switchover-drain": "auto"},
 }
 # livemig plus QEMU's hot-page deferral (patch 3/3, experimental: x-) at the reference's
 # 30 %: kept apart until a benchmark shows it pays (docs/results/)
@@ -232,6 +243,8 @@ def resolve(
                 if "postcopy-ram" not in qemu_caps:
                     raise UsageError("on-stall=postcopy: this QEMU has no postcopy-ram")
                 res.capabilities["postcopy-ram"] = True
+            if key == "switchover-drain":
+                _switchover_drain(res, value, qemu_caps)
         elif key in qemu_caps:
             res.capabilities[key] = _bool(key, value)
         elif key in qemu_params:
@@ -242,6 +255,20 @@ def resolve(
                 "or parameter of this QEMU (is it the patched build?)"
             )
     return res
+
+
+def _switchover_drain(res: Resolved, value: str, qemu_caps: Mapping[str, bool]) -> None:
+    """``switchover-drain``: the capability, and ``return-path`` (QEMU refuses the
+    capability without it) on both ends; ``auto`` only where the QEMU has it."""
+    if DRAIN_CAP not in qemu_caps:
+        if value == "on":
+            raise UsageError(f"switchover-drain=on: this QEMU has no {DRAIN_CAP} "
+                             "capability (the patched build has it)")
+        return
+    on = value != "off"
+    res.capabilities[DRAIN_CAP] = on
+    if on:
+        res.capabilities[DRAIN_NEEDS] = True
 
 
 def _convert_param(key: str, value: str, current: Any) -> Any:

@@ -275,6 +275,9 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
         if key in explicit:
             notes.append(f"{key} not applied: a lab-run setting (livemig does not "
                          "drive the disk copy or the guest's threads under libvirt)")
+    if "switchover-drain" in explicit and lm["switchover-drain"] != "off":
+        notes.append("switchover-drain not applied: libvirt sets return-path itself, "
+                     "after the capabilities livemig could set")
 
     # storage, bandwidth, destination
     if req.storage == "copy":
