@@ -125,7 +125,7 @@ def test_dead_destination_fails_and_source_keeps_running(tmp_path):
 @pytest.mark.parametrize("throttle", ["converge", "reference"])
 def test_livemig_profile_converges_flat_out_writer_with_its_throttle(tmp_path, throttle):
     """A writer far faster than the link: stock pre-copy never finishes (see the abort
-    test); the profile's throttle (converge: the smallest that fits the next round;
+    test); the profile's throttle (converge: the plan of depth and rounds losing the least work;
     reference: 90 % then 99 %) through the patched set-cpu-throttle makes it converge.
 
     Uniform writes and xbzrle off: with a hot set, xbzrle alone sometimes converges
@@ -142,7 +142,7 @@ def test_livemig_profile_converges_flat_out_writer_with_its_throttle(tmp_path, t
     if throttle == "reference":
         assert actions[0]["percent"] in (90, 99) or actions[0]["reason"].startswith("staged")
     else:
-        assert "to fit the next remainder" in actions[0]["reason"]
+        assert "to converge in" in actions[0]["reason"]
         assert 0 < actions[0]["percent"] <= 99
     assert rep["settings"]["livemig"]["throttle"] == throttle
 
