@@ -481,7 +481,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
     if a.report:
         write_report(result, a.report)
     print(f"migrations       {result['migrations']} ({result['completed']} completed)")
-    for name, b in result["by_combination"].items():  # type: ignore[union-attr]
+    combos: dict[str, dict[str, Any]] = result["by_combination"]  # type: ignore[assignment]
+    for name, b in combos.items():
         print(f"  {name:16} {b['migrations']} migrations, {b['completed']} completed, "
               f"{b['mismatches']} mismatches")
     print(f"mismatches       {result['mismatches']}")

@@ -126,9 +126,10 @@ def _parse_mem(item: str, kv: dict[str, str]) -> MemLoad:
     args: dict[str, object] = {}
     for key, value in kv.items():
         if key == "size":
-            args["size"] = parse_size(value, f"{item}: size")
-            if args["size"] < 4096:
+            size = parse_size(value, f"{item}: size")
+            if size < 4096:
                 raise UsageError(f"bad workload item {item!r}: size must be at least 4K")
+            args["size"] = size
         elif key == "rate":
             args["rate"] = parse_size(value, f"{item}: rate")
         elif key == "hot":

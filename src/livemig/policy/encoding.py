@@ -36,7 +36,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import lz4.block
+import lz4.block  # type: ignore[import-untyped]
 import zstandard
 
 PAGE = 4096

@@ -25,7 +25,7 @@ class LibvirtError(LivemigError):
 
 def libvirt_module() -> Any:
     try:
-        import libvirt
+        import libvirt  # type: ignore[import-untyped]
     except ImportError:
         raise SetupError("the libvirt Python binding is missing: make venv (it builds "
                          "libvirt-python against libvirt-dev; make deps installs that)"

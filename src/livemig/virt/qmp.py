@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 def command(dom: Any, execute: str, **arguments: Any) -> Any:
     """Run one QMP command on the domain's QEMU and return its ``return`` value."""
     libvirt = libvirt_module()
-    import libvirt_qemu
+    import libvirt_qemu  # type: ignore[import-untyped]
 
     cmd: dict[str, Any] = {"execute": execute}
     if arguments:
