@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,18 +85,10 @@ def table(rows: list[dict[str, Any]]) -> str:
            "stream Mbit/s (during migration) | network pause ms | probes lost | "
            "guest pause ms | QEMU downtime ms | total s |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    runs: dict[str, int] = {}
-    for r in rows:
-        runs[r["net"]] = runs.get(r["net"], 0) + 1
-        if "error" in r:
-            out.append(f"| {r['net']} | {runs[r['net']]} | error: {r['error']} |"
-                       + " |" * 9)
-            continue
-        out.append(f"| {r['net']} | {runs[r['net']]} | {r['outcome']} | {r['ram']} | "
-                   f"{r['answered_by']} | {r['throughput_mbps']} | "
-                   f"{r['during_migration_mbps']} | {r['network_pause_ms']} | "
-                   f"{r['probes_lost']} | {r.get('guest_pause_ms')} | {r['downtime_ms']} | "
-                   f"{r['total_time_s']} |")
+    out += _run_rows(rows, 9, lambda r: (
+        f"{r['outcome']} | {r['ram']} | {r['answered_by']} | {r['throughput_mbps']} | "
+        f"{r['during_migration_mbps']} | {r['network_pause_ms']} | {r['probes_lost']} | "
+        f"{r.get('guest_pause_ms')} | {r['downtime_ms']} | {r['total_time_s']} |"))
     out += ["", "| net | median stream Mbit/s | ratio to tap | median during migration | "
             "median network pause ms | ratio to tap | median guest pause ms |",
             "|---|---|---|---|---|---|---|"]
@@ -123,22 +116,18 @@ def tcp_table(rows: list[dict[str, Any]]) -> str:
            "guest MiB after switchover | network pause ms | guest pause ms | "
            "QEMU downtime ms | total s |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    runs: dict[str, int] = {}
-    for r in rows:
-        runs[r["net"]] = runs.get(r["net"], 0) + 1
-        if "error" in r:
-            out.append(f"| {r['net']} | {runs[r['net']]} | error: {r['error']} |"
-                       + " |" * 14)
-            continue
+    def cells(r: dict[str, Any]) -> str:
         gb = r.get("guest_bytes_after_switchover")
-        out.append(f"| {r['net']} | {runs[r['net']]} | {r['outcome']} | {r['ram']} | "
-                   f"{r['answered_by']} | {r['throughput_mbps']} | "
-                   f"{r['during_migration_mbps']} | {r.get('after_switchover_mbps')} | "
-                   f"{r.get('tcp_stall_ms')} | {r.get('tcp_stall_raw_ms')} | "
-                   f"{r.get('tcp_retransmits')} | {r.get('tcp_connection')} | "
-                   f"{None if gb is None else round(gb / 2**20, 1)} | "
-                   f"{r['network_pause_ms']} | {r.get('guest_pause_ms')} | "
-                   f"{r['downtime_ms']} | {r['total_time_s']} |")
+        return (f"{r['outcome']} | {r['ram']} | {r['answered_by']} | "
+                f"{r['throughput_mbps']} | {r['during_migration_mbps']} | "
+                f"{r.get('after_switchover_mbps')} | {r.get('tcp_stall_ms')} | "
+                f"{r.get('tcp_stall_raw_ms')} | {r.get('tcp_retransmits')} | "
+                f"{r.get('tcp_connection')} | "
+                f"{None if gb is None else round(gb / 2**20, 1)} | "
+                f"{r['network_pause_ms']} | {r.get('guest_pause_ms')} | "
+                f"{r['downtime_ms']} | {r['total_time_s']} |")
+
+    out += _run_rows(rows, 14, cells)
     keys = ("throughput_mbps", "during_migration_mbps", "after_switchover_mbps",
             "tcp_stall_ms", "network_pause_ms", "guest_pause_ms")
     med: dict[str, dict[str, float | None]] = {}
@@ -161,6 +150,19 @@ def tcp_table(rows: list[dict[str, Any]]) -> str:
                    f"{_ratio(m['tcp_stall_ms'], base.get('tcp_stall_ms'))} | "
                    f"{m['network_pause_ms']} | {m['guest_pause_ms']} |")
     return "\n".join(out) + "\n"
+
+
+def _run_rows(rows: list[dict[str, Any]], empty: int,
+              cells: Callable[[dict[str, Any]], str]) -> list[str]:
+    """One table row per run, numbered per net; a failed run says its error."""
+    out: list[str] = []
+    runs: dict[str, int] = {}
+    for r in rows:
+        runs[r["net"]] = runs.get(r["net"], 0) + 1
+        head = f"| {r['net']} | {runs[r['net']]} | "
+        out.append(head + (f"error: {r['error']} |" + " |" * empty if "error" in r
+                           else cells(r)))
+    return out
 
 
 def _median(xs: list[Any]) -> float | None:
