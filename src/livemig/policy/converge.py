@@ -110,9 +110,9 @@ class ConvergeThrottle:
         ratio = r / prev[1] if prev is not None and prev[1] > 0 else 0.0
         shrink, self._ratio = max(ratio, self._ratio), ratio
         free = max(d / b, shrink) / (1.0 - now)
-        theta, rounds = plan(r / b, free, SAFETY * budget / r)
-        pct = max(self.percent, min(MAX_PCT, round(100.0 * theta + 0.5) if theta else 0))
         t_round = r / b
+        theta, rounds = plan(t_round, free, SAFETY * budget / r)
+        pct = max(self.percent, min(MAX_PCT, round(100.0 * theta + 0.5) if theta else 0))
         why = (f"round {s.rounds}: {r >> 20} MiB dirty (distinct rate {d / 2**20:.0f} MiB/s, "
                f"drained at {b / 2**20:.0f} MiB/s, downtime budget {budget / 2**20:.1f} MiB)")
         if pct > DEEP and t_round > DEEP_MAX_S and self.percent < DEEP:
