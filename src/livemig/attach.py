@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 from livemig import dststart, paths
+from livemig.engine.adapt import Hints, adapt
 from livemig.engine.endpoint import (
     Endpoint,
     process_argv,
@@ -122,13 +123,12 @@ async def run_attach(src_qmp: Path, dst_qmp: Path | None, plan: Plan, events: Ev
 
         plan = dataclasses.replace(plan, accel=accel).validate()
         await check_ends(src, dst, plan)
-        if plan.livemig_setting("encoding") not in ("off",):
-            events.event("encoding not chosen",
-                         reason="attach: no RAM file to sample; stream encoding as set")
+        adapted = await adapt(src, plan, Hints(scratch=gdir.parent), events)
+        plan = adapted.plan
         events.say(f"attached: source {src_qmp} (pid {src.pid}), destination "
                    f"{dst.socket_path} (pid {dst.pid}), {accel}; migrating to {plan.uri}")
         engine = Engine(src, dst, plan, events=events, interrupt=interrupt, run_id=run_id,
-                        guardian_dir=gdir)
+                        guardian_dir=gdir, encoding=adapted.encoding)
         rec = await engine.run()
     finally:
         if started is not None and dst is not None and (rec is None or not rec.completed):

@@ -532,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("livemig: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a file or socket the run needed: one line, not a traceback
+        print(f"livemig: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

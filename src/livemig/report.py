@@ -121,7 +121,7 @@ def build_report(rec: MigrationRecord, lab: LabFacts | AttachFacts | None = None
         "source_after": rec.source_after,
         "settings_restored": rec.restored,
         "pinning": lab.pinning if isinstance(lab, LabFacts) else None,
-        "encoding": lab.encoding if isinstance(lab, LabFacts) else None,
+        "encoding": rec.encoding or (lab.encoding if isinstance(lab, LabFacts) else None),
         "qemu_trace": lab.qemu_trace if isinstance(lab, LabFacts) else None,
         "qemu_final_stats": stats,
         "timeline": list(rec.timeline),

@@ -94,6 +94,11 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                                "zstd, lz4, lz4-delta (lz4 multifd with delta encoding "
                                "of re-sent pages), plain, or off "
                                "(as set)"),
+    "sampler": LivemigSetting("auto", _choice("auto", "qemu", "pmemsave", "xp", "file"),
+                              "how encoding=auto samples the guest's pages: auto (the "
+                              "patched QEMU's x-calc-ram-sample, else pmemsave for a QEMU "
+                              "on this host, else HMP xp), qemu, pmemsave, xp, or file "
+                              "(the lab's shared RAM file)"),
     "pin": LivemigSetting("off", _choice("off", "auto", "on"),
                           "pin the source's migration threads away from its vCPUs "
                           "(auto: only with a spare host CPU)"),

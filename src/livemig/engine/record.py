@@ -41,6 +41,7 @@ class MigrationRecord:
     cpu: dict[str, float | None] = field(default_factory=dict)
     destination_status: str | None = None
     plan: Plan | None = None
+    encoding: dict[str, Any] | None = None  # the stream encoding's choice (engine.adapt)
 
     @property
     def completed(self) -> bool:

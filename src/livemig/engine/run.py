@@ -113,8 +113,10 @@ class Engine:
     def __init__(self, src: QmpEnd, dst: QmpEnd, plan: Plan, *,
                  events: EventStream | None = None, hooks: Hooks | None = None,
                  interrupt: asyncio.Event | None = None, run_id: str | None = None,
-                 guardian_dir: Path | None = None) -> None:
+                 guardian_dir: Path | None = None,
+                 encoding: dict[str, Any] | None = None) -> None:
         self.src, self.dst, self.plan = src, dst, plan
+        self.encoding = encoding  # what the second plan's encoding came from (adapt)
         self.events = events or EventStream()
         self.hooks = hooks or Hooks()
         self.interrupt = interrupt or asyncio.Event()
@@ -343,7 +345,7 @@ class Engine:
             timeline=tuple(self.timeline), events=tuple(self.events.log), ram=s.ram,
             verify=self.plan.verify, source_after=s.source_after,
             restored=dict(self.restored), cpu=dict(self.cpu),
-            destination_status=s.dst_status, plan=self.plan)
+            destination_status=s.dst_status, plan=self.plan, encoding=self.encoding)
 
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from livemig import metrics, paths
 from livemig.control import GUEST_DISK
+from livemig.engine.adapt import Adapted, Hints, adapt
 from livemig.engine.decision import Decision
 from livemig.engine.events import EventStream, progress_listener
 from livemig.engine.observe import Observation
@@ -46,7 +47,7 @@ from livemig.lab.service import ServiceRun
 from livemig.lab.storage import JOB as MIRROR_JOB
 from livemig.lab.storage import DiskMirror
 from livemig.lab.vm import VM, Disk, VMConfig, is_migration_thread
-from livemig.policy import encoding, pinning
+from livemig.policy import pinning
 from livemig.policy.base import Snapshot
 from livemig.progress import Progress
 from livemig.ramcheck import gpa_to_offset
@@ -166,7 +167,7 @@ class LabRun(Hooks):
         svc = opts.workload.service
         self.service = ServiceRun(svc, self.progress.step) if svc is not None else None
         self.injected: list[dict[str, Any]] = []
-        self._wanted = dict(opts.wanted)
+        self.adapted: Adapted | None = None  # the second plan, before dst boots
         self.encoding: dict[str, Any] | None = None
 
     def event(self, what: str, **data: Any) -> None:
@@ -178,13 +179,15 @@ class LabRun(Hooks):
         try:
             await self._boot()
             host = topology.MIG_ADDR[self.opts.dst_host] if self.opts.testbed else "127.0.0.1"
-            plan = self.plan.with_settings(self._wanted).with_uri(
+            assert self.adapted is not None
+            plan = self.adapted.plan.with_uri(
                 f"tcp:{host}:{_free_port()}")
             assert self.src is not None and self.dst is not None
             assert self.src.endpoint is not None and self.dst.endpoint is not None
             self.engine = Engine(self.src.endpoint, self.dst.endpoint, plan,
                                  events=self.events, hooks=self, interrupt=self.interrupt,
-                                 run_id=self.id, guardian_dir=self.run_dir)
+                                 run_id=self.id, guardian_dir=self.run_dir,
+                                 encoding=self.encoding)
             self.record = await self.engine.run()
             if not self.record.completed and self.src.alive() \
                     and self.record.t_migrate is not None:
@@ -262,7 +265,7 @@ class LabRun(Hooks):
         if self.service is not None:
             self.t_ready = await self.service.start(
                 self._check_interrupt, self.src.config.console_path if self.src else None)
-        await self._choose_encoding()
+        await self._adapt()
         self.dst, self.dst_agent = await self._launch("dst", dst_disks, incoming=True)
 
     # -- engine hooks -----------------------------------------------------------------
@@ -527,49 +530,18 @@ class LabRun(Hooks):
         self.progress.step(f"client probes the guest at {topology.GUEST_IP} every "
                            f"{self.prober.interval * 1000:.0f} ms")
 
-    async def _choose_encoding(self) -> None:
-        """``encoding=auto``: look at the pages the guest rewrites and pick the stream
-        encoding that suits them (settings given with --set win)."""
-        want = self._wanted.get("encoding", "off")
-        if want == "off" or self.src is None:
-            return
-        given = sorted(self.opts.explicit & encoding.KEYS)
-        if given:
-            self.event("encoding not chosen", reason=f"set explicitly: {', '.join(given)}")
-            return
-        if want == "auto":
-            sample = await pagesample.rewritten_pages(self.src.config.mem_path)
-            ctx = await self._encoding_context()
-            choice = await asyncio.to_thread(encoding.choose, sample.pairs, ctx, sample.pages,
-                                             sample.nonzero_share, sample.interval)
-        elif want in encoding.ENCODINGS:
-            choice = encoding.Choice(want, "set explicitly")
-        else:
-            raise UsageError(f"bad --set encoding={want}: auto, off or one of "
-                             f"{', '.join(encoding.ENCODINGS)}")
-        applied = {k: v for k, v in choice.applied().items()
-                   if k not in self.opts.explicit}
-        self._wanted.update(applied)
-        self.encoding = {"encoding": choice.encoding, "reason": choice.reason,
-                         "changed_share": choice.changed_share, "zlib_ratio": choice.ratio,
-                         "samples": choice.samples, "applied": applied,
-                         "page_rates": {k: round(v) for k, v in choice.page_rates.items()}}
-        self.event("encoding chosen", **self.encoding)
-        self.progress.step(f"stream encoding {choice.encoding}: {choice.reason}")
-
-    async def _encoding_context(self) -> encoding.Context:
-        """The link (or --bandwidth), the CPUs beside the vCPUs, the guest's RAM and
-        what the source QEMU can encode with."""
-        assert self.src is not None
-        params = await self.src.cmd("query-migrate-parameters")
-        delta = encoding.DELTA_KEY in params
-        link = self.opts.link / 8 if self.opts.testbed and self.opts.link else None
-        if self.opts.bandwidth:
-            link = min(link or float("inf"), float(self.opts.bandwidth))
-        return encoding.Context(
-            link_rate=link, cpus=encoding.migration_cpus(self.opts.vcpus),
-            guest_ram=self.opts.memory, host_available=encoding.host_available(),
-            delta=delta)  # the delta patch brings lz4 (choose() adds it)
+    async def _adapt(self) -> None:
+        """The second plan (:func:`livemig.engine.adapt.adapt`): the stream encoding
+        from a sample of the guest's pages, taken through the same sampler an attach
+        run would use (``--set sampler=file`` reads the lab's RAM file instead), and
+        the profile fitted to this QEMU."""
+        assert self.src is not None and self.src.endpoint is not None
+        o = self.opts
+        hints = Hints(link_rate=o.link / 8 if o.testbed and o.link else None,
+                      file_sampler=pagesample.FileSampler(self.src.config.mem_path),
+                      scratch=self.run_dir)
+        self.adapted = await adapt(self.src.endpoint, self.plan, hints, self.events)
+        self.encoding = self.adapted.encoding
 
     def _plan_pinning(self) -> None:
         assert self.src is not None

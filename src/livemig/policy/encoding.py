@@ -209,43 +209,104 @@ def pick(est: dict[str, Estimate]) -> str:
     return min(lean, key=lambda n: (est[n].cpu_seconds, est[n].bytes))
 
 
+@dataclass(frozen=True)
+class Sample:
+    """What any page sampler hands the model: two looks at the same random pages
+    ``interval`` seconds apart, reduced to counts and codec measurements. No page
+    content: the patched QEMU computes this itself (``x-query-ram-sample``), the other
+    samplers compute it here from the pages they read (:func:`sample_from_pages`).
+
+    ``first``: each codec on the non-zero pages of the first look (what the first pass
+    sends); ``resend``: on the rewritten pages' second look; ``delta``: on the XOR of
+    the rewritten pages' two looks (what patch 5 sends for a re-sent page)."""
+
+    looked: int  # pages looked at
+    nonzero: int  # of those, not zero
+    kept: int  # non-zero pages looked at again
+    rewritten: int  # of the kept pages, changed at the second look
+    interval: float  # seconds between the two looks
+    changed_share: float | None = None  # median share of bytes changed per rewrite
+    zlib_ratio: float | None = None  # median zlib-1 ratio of the rewritten pages
+    first: dict[str, Codec] = field(default_factory=dict)
+    resend: dict[str, Codec] = field(default_factory=dict)
+    delta: dict[str, Codec] = field(default_factory=dict)
+
+    @property
+    def nonzero_share(self) -> float:
+        return self.nonzero / max(1, self.looked)
+
+
+def codec_from_counts(bytes_in: int, bytes_out: int, cpu_s: float) -> Codec:
+    """A codec measured elsewhere (by QEMU): ratio, and one CPU's speed to compress and
+    send (the same formula as :func:`measure_codecs`)."""
+    ratio = bytes_in / max(1, bytes_out)
+    per_byte = max(cpu_s, 1e-9) / max(1, bytes_in)
+    return Codec(ratio, 1.0 / (per_byte + 1.0 / (ratio * PLAIN_SPEED)))
+
+
+def sample_from_pages(pairs: list[tuple[bytes, bytes]], pages: list[bytes], looked: int,
+                      interval: float, codecs: frozenset[str] = frozenset({"zstd", "lz4"}),
+                      nonzero: int | None = None) -> Sample:
+    """The :class:`Sample` of pages read by a sampler that sees page content (the lab's
+    RAM file, ``pmemsave``, libvirt's memory peek). ``pairs``: (before, after) of the
+    kept pages that changed; ``pages``: the kept non-zero pages of the first look."""
+    share = ratio = None
+    deltas = [xor(a, b) for a, b in pairs]
+    if pairs:
+        share = statistics.median(_share(d) for d in deltas)
+        ratio = statistics.median(len(b) / max(1, len(zlib.compress(b, 1))) for _, b in pairs)
+    first = measure_codecs(pages, codecs) if pages else {}
+    resend = measure_codecs([b for _, b in pairs], codecs) if pairs else {}
+    delta = measure_codecs(deltas, codecs & {"lz4"}) if pairs else {}
+    return Sample(looked=looked, nonzero=len(pages) if nonzero is None else nonzero,
+                  kept=len(pages), rewritten=len(pairs), interval=interval,
+                  changed_share=share, zlib_ratio=ratio, first=first, resend=resend,
+                  delta=delta)
+
+
 def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
            pages: list[bytes] | None = None, nonzero_share: float = 1.0,
            interval: float = 0.5) -> Choice:
-    """``pairs``: (before, after) of the pages that changed between two looks
-    ``interval`` seconds apart; ``pages``: the non-zero pages of the first look (what
-    the first pass sends), ``nonzero_share`` of all pages looked at.
-
-    Every encoding the QEMU has is timed on these pages and modelled (``estimate``):
-    the first pass over the guest's non-zero memory, then the rounds re-sending what
-    the guest dirtied meanwhile. The least time plus guest work lost wins; within
-    ``TIE`` the one that sends fewer bytes. On
-    stock QEMU small deltas go to xbzrle (one thread, but deltas)."""
+    """:func:`choose_sample` on page content: ``pairs`` (before, after) of the pages
+    that changed between two looks ``interval`` seconds apart; ``pages``: the non-zero
+    pages of the first look, ``nonzero_share`` of all pages looked at."""
     ctx = ctx or Context()
     pages = pages if pages is not None else [b for _, b in pairs]
-    if len(pages) < MIN_SAMPLES:
-        return Choice("plain", f"{len(pages)} non-zero pages seen: plain multifd (the "
-                      "channels find zero pages)", samples=len(pairs))
-    nonzero = ctx.guest_ram * nonzero_share
-    dirty_rate = nonzero * min(1.0, len(pairs) / len(pages)) / interval
-    share = ratio = None
-    deltas = [xor(a, b) for a, b in pairs]  # what patch 5 would send for each
-    facts = f"{len(pages)} non-zero pages, {len(pairs)} rewritten in {interval:g}s"
-    if len(pairs) >= MIN_SAMPLES:
-        share = statistics.median(_share(d) for d in deltas)
-        ratio = statistics.median(len(b) / max(1, len(zlib.compress(b, 1)))
-                                  for _, b in pairs)
+    codecs = ctx.codecs | ({"lz4"} if ctx.delta else set())
+    looked = round(len(pages) / nonzero_share) if nonzero_share > 0 else len(pages)
+    return choose_sample(sample_from_pages(pairs, pages, looked, interval,
+                                           frozenset(codecs)), ctx)
+
+
+def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
+    """Every encoding the QEMU has, modelled on the sample (``estimate``): the first pass
+    over the guest's non-zero memory, then the rounds re-sending what the guest dirtied
+    meanwhile. The least time plus guest work lost wins; within ``TIE`` the one that
+    sends fewer bytes. On stock QEMU small deltas go to xbzrle (one thread, but
+    deltas)."""
+    ctx = ctx or Context()
+    n_pages, n_pairs = sample.kept, sample.rewritten
+    if n_pages < MIN_SAMPLES:
+        return Choice("plain", f"{n_pages} non-zero pages seen: plain multifd (the "
+                      "channels find zero pages)", samples=n_pairs)
+    nonzero = ctx.guest_ram * sample.nonzero_share
+    dirty_rate = nonzero * min(1.0, n_pairs / n_pages) / sample.interval
+    share, ratio = sample.changed_share, sample.zlib_ratio
+    facts = f"{n_pages} non-zero pages, {n_pairs} rewritten in {sample.interval:.2f}s"
+    if n_pairs >= MIN_SAMPLES and share is not None:
         facts += f" (median {100 * share:.1f}% of bytes changed)"
         if share <= SMALL_DELTA and not ctx.delta:
-            return Choice("xbzrle", f"{facts}: small deltas", share, ratio, len(pairs))
+            return Choice("xbzrle", f"{facts}: small deltas", share, ratio, n_pairs)
     codecs = ctx.codecs | ({"lz4"} if ctx.delta else set())  # delta rides on lz4
-    first = measure_codecs(pages, codecs)
-    again = (measure_codecs([b for _, b in pairs], codecs)
-             if len(pairs) >= MIN_SAMPLES else first)
-    est = {n: estimate(first[n], again[n], nonzero, dirty_rate, ctx) for n in first}
-    if ctx.delta and "lz4" in first and len(pairs) >= MIN_SAMPLES:
-        packed = measure_codecs(deltas, frozenset({"lz4"}))["lz4"]
-        est["lz4-delta"] = estimate(first["lz4"], packed, nonzero, dirty_rate, ctx)
+    plain = {"plain": Codec(1.0, PLAIN_SPEED)}
+    first = {**plain, **{n: c for n, c in sample.first.items() if n in codecs}}
+    again = ({**plain, **{n: c for n, c in sample.resend.items() if n in codecs}}
+             if n_pairs >= MIN_SAMPLES else first)
+    est = {n: estimate(first[n], again.get(n, first[n]), nonzero, dirty_rate, ctx)
+           for n in first}
+    if ctx.delta and "lz4" in first and n_pairs >= MIN_SAMPLES and "lz4" in sample.delta:
+        est["lz4-delta"] = estimate(first["lz4"], sample.delta["lz4"], nonzero, dirty_rate,
+                                    ctx)
     name = pick(est)
     link = f"{(ctx.link_rate or UNSHAPED) * 8 / 1e6:.0f} Mbit/s"
     why = ", ".join(f"{n} {e.seconds:.1f}s+{e.work_lost:.1f}s lost/{e.bytes / 2**20:.0f}MiB"
@@ -258,7 +319,7 @@ def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
         cache = delta_cache(ctx)
         settings[DELTA_KEY] = f"{cache >> 20}M"
         reason += f"; {cache >> 20} MiB delta cache (half the guest's RAM)"
-    return Choice(name, reason, share, ratio, len(pairs), settings=settings,
+    return Choice(name, reason, share, ratio, n_pairs, settings=settings,
                   page_rates={n: e.first_rate for n, e in est.items()})
 
 

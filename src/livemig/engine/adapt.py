@@ -1,0 +1,184 @@
+"""The second plan: the first plan adapted to the QEMU at hand and to the guest.
+
+Runs once, after the source's QMP is reachable and before any migration setting is
+changed. It produces an explicit second, frozen :class:`Plan` (the first one is not
+edited) plus what it decided and why, for the report:
+
+- ``encoding=auto``: a sample of the guest's pages through the best sampler the source
+  offers (:func:`sampler_for`), weighed by :mod:`livemig.policy.encoding` against the
+  link, the CPUs left beside the vCPUs and the codecs this QEMU's multifd has;
+- the throttle: the profile's own throttles (``converge``, ``reference``, ...) need the
+  patched QEMU's ``set-cpu-throttle``; on a QEMU without it the profile falls back to
+  what the stock profiles use (QEMU's auto-converge, stock increments), so livemig
+  never throttles harder than stock there.
+
+Settings given with ``--set`` are never changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from livemig.engine.endpoint import QmpEnd
+from livemig.engine.events import EventStream
+from livemig.engine.plan import Plan
+from livemig.errors import UsageError, VMError
+from livemig.policy import encoding
+from livemig.sampling.base import Sampler
+from livemig.sampling.peek import PeekSampler
+from livemig.sampling.qemu import START as QEMU_SAMPLE
+from livemig.sampling.qemu import QemuSampler
+from livemig.sampling.readers import PmemsaveReader, XpReader, qemu_is_local
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+THROTTLE_COMMAND = "set-cpu-throttle"  # patched QEMU (qemu/patches/0001)
+POLICY_THROTTLES = ("reference", "direct", "staged", "converge")
+STOCK_THROTTLE = "auto-converge"
+# multifd-compression values the model knows, by QEMU's name
+_CODEC_NAMES = {"zstd": "zstd", "lz4": "lz4", "none": "plain"}
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What the caller knows that QEMU does not."""
+
+    link_rate: float | None = None  # bytes/s of the migration link; None: unknown
+    cpus: float | None = None  # host CPUs for the migration threads; None: this host's
+    host_available: int | None = None  # bytes free on the source host; None: this host's
+    file_sampler: Sampler | None = None  # the lab's RAM-file reader (sampler=file)
+    scratch: Path | None = None  # where pmemsave may write (a private dir is made in it)
+
+
+@dataclass(frozen=True)
+class Adapted:
+    plan: Plan  # the second plan
+    encoding: dict[str, Any] | None  # the report's `encoding`
+    notes: tuple[dict[str, Any], ...] = ()  # what else was adapted, and why
+
+
+async def adapt(src: QmpEnd, plan: Plan, hints: Hints, events: EventStream) -> Adapted:
+    commands = {c["name"] for c in await src.cmd("query-commands")}
+    extra: dict[str, str] = {}
+    notes: list[dict[str, Any]] = []
+    throttle = plan.livemig_setting("throttle")
+    if throttle in POLICY_THROTTLES and THROTTLE_COMMAND not in commands \
+            and "throttle" not in plan.explicit:
+        extra["throttle"] = STOCK_THROTTLE
+        notes.append({"setting": "throttle", "from": throttle, "to": STOCK_THROTTLE,
+                      "why": f"this QEMU has no {THROTTLE_COMMAND} (unpatched): QEMU's "
+                             "auto-converge, as the stock profiles use"})
+    enc, settings = await _encoding(src, plan, hints, commands, events)
+    extra.update(settings)
+    for n in notes:
+        events.event("adapted", **n)
+    second = dataclasses.replace(plan, settings=tuple({**plan.wanted, **extra}.items()))
+    return Adapted(second.validate(), enc, tuple(notes))
+
+
+async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
+                    events: EventStream) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    want = plan.livemig_setting("encoding")
+    if want == "off":
+        return None, {}
+    given = sorted(plan.explicit & encoding.KEYS)
+    if given:
+        events.event("encoding not chosen", reason=f"set explicitly: {', '.join(given)}")
+        return {"encoding": None, "reason": f"set explicitly: {', '.join(given)}"}, {}
+    ctx = await context(src, plan, hints)
+    sampled: dict[str, Any] | None = None
+    if want == "auto":
+        sampler, close = sampler_for(src, plan.livemig_setting("sampler"), commands, hints)
+        events.say(f"sampling the guest's pages ({sampler.name} sampler)")
+        try:
+            result = await sampler.sample()
+        except VMError as e:
+            raise VMError(f"page sample ({sampler.name}): {e}") from e
+        finally:
+            close()
+        sampled = result.as_dict()
+        choice = encoding.choose_sample(result.sample, ctx)
+    elif want in encoding.ENCODINGS:
+        choice = encoding.Choice(want, "set explicitly")
+    else:  # plan validation refuses this already
+        raise UsageError(f"bad --set encoding={want}")
+    applied = {k: v for k, v in choice.applied().items() if k not in plan.explicit}
+    if "lz4" in applied.values() and "lz4" not in ctx.codecs and not ctx.delta:
+        raise UsageError(f"encoding={choice.encoding}: this QEMU's multifd has no lz4 "
+                         "(the patched build has it)")
+    rec = {"encoding": choice.encoding, "reason": choice.reason,
+           "changed_share": choice.changed_share, "zlib_ratio": choice.ratio,
+           "samples": choice.samples, "applied": applied, "sampler": sampled,
+           "context": {"link_rate": ctx.link_rate, "cpus": ctx.cpus,
+                       "guest_ram": ctx.guest_ram, "codecs": sorted(ctx.codecs),
+                       "delta": ctx.delta},
+           "page_rates": {k: round(v) for k, v in choice.page_rates.items()}}
+    events.event("encoding chosen", **rec)
+    events.say(f"stream encoding {choice.encoding}: {choice.reason}")
+    return rec, applied
+
+
+def sampler_for(src: QmpEnd, mode: str, commands: set[str],
+                hints: Hints) -> tuple[Sampler, Any]:
+    """The sampler for ``mode`` (``auto``: the patched QEMU's own, else ``pmemsave``
+    for a QEMU on this host, else HMP ``xp``) and a function that cleans up after it."""
+    if mode == "file":
+        if hints.file_sampler is None:
+            raise UsageError("--set sampler=file needs a guest RAM file (lab runs only)")
+        return hints.file_sampler, lambda: None
+    if mode in ("auto", "qemu") and QEMU_SAMPLE in commands:
+        return QemuSampler(src.cmd), lambda: None
+    if mode == "qemu":
+        raise UsageError(f"--set sampler=qemu: this QEMU has no {QEMU_SAMPLE} (the "
+                         "patched build has it)")
+
+    async def hmp(line: str) -> str:
+        return str(await src.cmd("human-monitor-command", **{"command-line": line}))
+
+    if mode in ("auto", "pmemsave") and qemu_is_local(src.pid):
+        reader = PmemsaveReader(src.cmd, src.pid, hints.scratch)
+        return PeekSampler("pmemsave", hmp, reader), reader.close
+    if mode == "pmemsave":
+        raise UsageError("--set sampler=pmemsave: the source QEMU does not run on this host")
+    return PeekSampler("xp", hmp, XpReader(hmp)), lambda: None
+
+
+async def context(src: QmpEnd, plan: Plan, hints: Hints) -> encoding.Context:
+    """The link (or --bandwidth), the CPUs beside the vCPUs, the guest's RAM and what
+    this QEMU's multifd can encode with, all read from QEMU where QEMU knows it."""
+    vcpus = len(await src.cmd("query-cpus-fast"))
+    mem = await src.cmd("query-memory-size-summary")
+    ram = int(mem.get("base-memory", 0)) + int(mem.get("plugged-memory", 0) or 0)
+    params = await src.cmd("query-migrate-parameters")
+    link = hints.link_rate
+    if plan.bandwidth:
+        link = min(link or float("inf"), float(plan.bandwidth))
+    return encoding.Context(
+        link_rate=link,
+        cpus=hints.cpus if hints.cpus is not None else encoding.migration_cpus(vcpus),
+        guest_ram=ram or (1 << 30),
+        host_available=(hints.host_available if hints.host_available is not None
+                        else encoding.host_available()),
+        codecs=await multifd_codecs(src),
+        delta=encoding.DELTA_KEY in params)
+
+
+async def multifd_codecs(src: QmpEnd) -> frozenset[str]:
+    """The multifd compression methods this QEMU accepts, from its QAPI schema (type
+    names there are opaque, so follow query-migrate-parameters' return type)."""
+    with contextlib.suppress(VMError, KeyError, StopIteration, TypeError):
+        schema = await src.cmd("query-qmp-schema")
+        by_name = {e["name"]: e for e in schema}
+        cmd = next(e for e in schema if e.get("meta-type") == "command"
+                   and e["name"] == "query-migrate-parameters")
+        ret = by_name[cmd["ret-type"]]
+        member = next(m for m in ret["members"] if m["name"] == "multifd-compression")
+        values = by_name[member["type"]].get("values", [])
+        return frozenset(_CODEC_NAMES[v] for v in values if v in _CODEC_NAMES)
+    return frozenset({"zstd", "plain"})

@@ -1,0 +1,114 @@
+"""A sampler for any QEMU: random clusters of guest pages read twice through a reader.
+
+The reader is whatever can read guest-physical memory from outside: QMP ``pmemsave``
+into a private file (a QEMU on this host), HMP ``xp`` (anywhere, slowly) or libvirt's
+``virDomainMemoryPeek``. Pages are read in clusters of :data:`CLUSTER` pages so that a
+sample costs a few hundred monitor calls, not thousands; the clusters start at random
+pages of the RAM ranges QEMU reports (:mod:`livemig.sampling.layout`). The interval of
+each cluster is measured between its own two reads, so a slow reader does not skew
+the dirty rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+
+from livemig.policy import encoding
+from livemig.sampling.base import DEFAULT_INTERVAL, PAGE, SampleResult
+from livemig.sampling.layout import RamRange, parse_mtree
+
+CLUSTER = 16  # pages per read: 64 KiB, libvirt's memory-peek limit per call
+PEEK_PAGES = 1024  # non-zero pages kept: a quarter of QEMU's sample, reads cost calls
+
+Read = Callable[[int, int], Awaitable[bytes]]  # (gpa, size) -> bytes
+Hmp = Callable[[str], Awaitable[str]]
+
+
+def clusters(ranges: list[RamRange], count: int, cluster: int,
+             rng: random.Random) -> list[int]:
+    """``count`` distinct cluster-aligned start addresses (gpa), uniform over the
+    clusters that fit whole in the RAM ranges."""
+    span = cluster * PAGE
+    slots = [(r, r.size // span) for r in ranges if r.size >= span]
+    n = sum(k for _, k in slots)
+    out: list[int] = []
+    for i in rng.sample(range(n), min(count, n)):
+        for r, k in slots:
+            if i < k:
+                out.append(r.gpa + i * span)
+                break
+            i -= k
+    return sorted(out)
+
+
+class PeekSampler:
+    def __init__(self, name: str, hmp: Hmp, read: Read, *, cluster: int = CLUSTER,
+                 codecs: frozenset[str] = frozenset({"zstd", "lz4"}), seed: int = 1,
+                 max_pages: int = PEEK_PAGES) -> None:
+        self.name = name
+        self.hmp = hmp
+        self.read = read
+        self.cluster = cluster
+        self.codecs = codecs
+        self.seed = seed
+        self.max_pages = max_pages
+
+    async def sample(self, pages: int = PEEK_PAGES,
+                     interval: float = DEFAULT_INTERVAL) -> SampleResult:
+        t0 = time.monotonic()
+        pages = min(pages, self.max_pages)
+        ranges = parse_mtree(await self.hmp("info mtree -f"))
+        rng = random.Random(self.seed)
+        span = self.cluster * PAGE
+        starts = clusters(ranges, max(1, 2 * pages // self.cluster), self.cluster, rng)
+        zero = bytes(PAGE)
+        first: dict[int, tuple[float, list[bytes]]] = {}
+        looked = nonzero = 0
+        calls = 0
+        for gpa in starts:
+            data = await self.read(gpa, span)
+            calls += 1
+            t = time.monotonic()
+            split = [data[i:i + PAGE] for i in range(0, len(data), PAGE)]
+            looked += len(split)
+            nz = sum(1 for p in split if p != zero)
+            nonzero += nz
+            if nz:
+                first[gpa] = (t, split)
+        kept_gpas = sorted(first)
+        # keep whole clusters until `pages` non-zero pages are kept
+        keep: list[int] = []
+        n = 0
+        for gpa in rng.sample(kept_gpas, len(kept_gpas)):
+            if n >= pages:
+                break
+            keep.append(gpa)
+            n += sum(1 for p in first[gpa][1] if p != zero)
+        look1 = time.monotonic() - t0
+        await asyncio.sleep(interval)
+        pairs: list[tuple[bytes, bytes]] = []
+        kept: list[bytes] = []
+        gaps: list[float] = []
+        for gpa in sorted(keep):
+            t1, before = first[gpa]
+            after = await self.read(gpa, span)
+            calls += 1
+            gaps.append(time.monotonic() - t1)
+            for i, old in enumerate(before):
+                if old == zero:
+                    continue
+                new = after[i * PAGE:(i + 1) * PAGE]
+                kept.append(old)
+                if new != old:
+                    pairs.append((old, new))
+        measured = statistics.mean(gaps) if gaps else interval
+        sample = await asyncio.to_thread(
+            encoding.sample_from_pages, pairs, kept, looked, measured, self.codecs, nonzero)
+        return SampleResult(sample, self.name, time.monotonic() - t0,
+                            {"calls": calls, "cluster_pages": self.cluster,
+                             "first_look_s": round(look1, 3),
+                             "ram_ranges": [[hex(r.gpa), r.size, r.name] for r in ranges]})

@@ -1,0 +1,238 @@
+"""The page samplers' pure parts: RAM layout, cluster picks, QEMU's reply, the peek
+sampler against an in-memory guest, and the second plan (engine.adapt) on a scripted
+QEMU. The samplers on real QEMUs are in test_sampling_vm.py."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from livemig.engine.adapt import Hints, adapt, multifd_codecs
+from livemig.engine.events import EventStream
+from livemig.engine.plan import Plan
+from livemig.errors import VMError
+from livemig.policy import encoding
+from livemig.sampling.layout import RamRange, parse_mtree
+from livemig.sampling.peek import PeekSampler, clusters
+from livemig.sampling.qemu import QemuSampler, parse
+from livemig.sampling.readers import XpReader
+from livemig.settings import merge
+
+PAGE = 4096
+DATA = Path(__file__).parent / "data"
+
+
+def test_layout_from_mtree_has_the_ram_above_4g_and_skips_the_holes():
+    ranges = parse_mtree((DATA / "mtree-q35-5g.txt").read_text())
+    assert [(r.gpa, r.size) for r in ranges] == [(0x100000, 0x7ff00000),
+                                                  (0x100000000, 0xc0000000)]
+    assert {r.name for r in ranges} == {"pc.ram"}
+
+
+def test_layout_without_ram_is_an_error():
+    with pytest.raises(VMError, match="no guest RAM"):
+        parse_mtree('FlatView #0\n AS "memory", root: system\n'
+                    "  0000000000000000-0000000000000007 (prio 0, i/o): x\n")
+
+
+def test_clusters_are_distinct_aligned_inside_the_ram_and_spread_by_size():
+    ranges = [RamRange(0x100000, 0x7ff00000, "a"), RamRange(0x100000000, 0xc0000000, "a")]
+    got = clusters(ranges, 4000, 16, random.Random(3))
+    assert len(got) == len(set(got)) == 4000
+    assert all(any(r.gpa <= g and g + 16 * PAGE <= r.gpa + r.size for r in ranges)
+               for g in got)
+    high = sum(1 for g in got if g >= 0x100000000) / len(got)
+    assert abs(high - 0xc0000000 / (0xc0000000 + 0x7ff00000)) < 0.05
+
+
+class Guest:
+    """Guest RAM in a bytearray: half zero, half text; a writer rewrites 64 bytes of
+    some pages between the two looks."""
+
+    def __init__(self, size: int = 64 << 20) -> None:
+        rng = random.Random(1)
+        self.ram = bytearray(size)
+        text = (b"UPDATE accounts SET balance = balance + 1 WHERE id = 42; " * 80)[:PAGE]
+        for p in range(0, size // PAGE, 2):
+            self.ram[p * PAGE:(p + 1) * PAGE] = text
+        self.hot = [p for p in range(0, size // PAGE, 2) if rng.random() < 0.3]
+        self.reads = 0
+
+    def write(self) -> None:
+        for p in self.hot:
+            o = p * PAGE + 1000
+            self.ram[o:o + 64] = random.randbytes(64)
+
+    async def read(self, gpa: int, size: int) -> bytes:
+        self.reads += 1
+        off = gpa - 0x100000
+        return bytes(self.ram[off:off + size])
+
+    async def hmp(self, line: str) -> str:
+        assert line == "info mtree -f"
+        end = 0x100000 + len(self.ram) - 1
+        return (f'FlatView #0\n AS "memory", root: system\n'
+                f"  0000000000100000-{end:016x} (prio 0, ram): pc.ram\n")
+
+
+def test_peek_sampler_sees_the_rewrites_and_the_model_picks_deltas():
+    g = Guest()
+
+    async def go() -> Any:
+        task = asyncio.create_task(PeekSampler("test", g.hmp, g.read).sample(512, 0.05))
+        await asyncio.sleep(0.01)
+        while not task.done():
+            g.write()
+            await asyncio.sleep(0.01)
+        return task.result()
+
+    res = asyncio.run(go())
+    s = res.sample
+    assert s.looked >= 1024 and 0.35 < s.nonzero_share < 0.65
+    assert 0.15 < s.rewritten / s.kept < 0.45
+    assert s.changed_share is not None and s.changed_share < 0.05
+    assert encoding.choose_sample(s).encoding == "xbzrle"  # stock: small deltas
+    assert res.as_dict()["name"] == "test" and res.detail["calls"] == g.reads
+
+
+def test_a_guest_that_does_not_write_shows_no_rewrites():
+    g = Guest()
+    res = asyncio.run(PeekSampler("test", g.hmp, g.read).sample(256, 0.01))
+    assert res.sample.rewritten == 0 and res.sample.kept >= 256
+
+
+def _reply(rewritten: int = 300) -> dict[str, Any]:
+    part = {"pages": 1000, "codecs": [
+        {"codec": "zstd", "bytes-in": 4096000, "bytes-out": 1700000, "cpu-ns": 9000000},
+        {"codec": "lz4", "bytes-in": 4096000, "bytes-out": 2000000, "cpu-ns": 4000000}]}
+    delta = {"pages": rewritten, "codecs": [
+        {"codec": "lz4", "bytes-in": rewritten * PAGE, "bytes-out": rewritten * 90,
+         "cpu-ns": 300000}]}
+    return {"status": "done", "looked": 8192, "nonzero": 4000, "kept": 4000,
+            "rewritten": rewritten, "interval-ms": 500, "changed-share": 0.02,
+            "zlib-ratio": 2.4, "first": part, "resend": part, "delta": delta,
+            "ram-bytes": 1 << 30, "blocks": 1, "look-ns": 3000000, "cpu-ns": 90000000}
+
+
+def test_qemu_reply_becomes_the_models_sample():
+    s = parse(_reply())
+    assert (s.looked, s.nonzero, s.kept, s.rewritten, s.interval) == (8192, 4000, 4000, 300,
+                                                                      0.5)
+    assert s.first["zstd"].ratio == pytest.approx(4096000 / 1700000)
+    assert s.first["lz4"].speed > s.first["zstd"].speed
+    c = encoding.choose_sample(s, encoding.Context(delta=True, link_rate=50e6,
+                                                   codecs=frozenset({"zstd", "lz4", "plain"})))
+    assert c.encoding == "lz4-delta"
+
+
+class Seq(list[Any]):
+    """Successive replies to one command (the last one repeats)."""
+
+
+class Script:
+    """A scripted QMP: answers from a dict of command -> reply (or a Seq of replies)."""
+
+    def __init__(self, replies: dict[str, Any], pid: int | None = None) -> None:
+        self.replies = replies
+        self.log: list[tuple[str, dict[str, Any]]] = []
+        self.pid = pid
+
+    async def cmd(self, command: str, **args: Any) -> Any:
+        self.log.append((command, args))
+        r = self.replies[command]
+        if isinstance(r, Seq):
+            return r.pop(0) if len(r) > 1 else r[0]
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+
+def test_qemu_sampler_polls_until_done_and_reports_a_failure():
+    q = Script({"x-calc-ram-sample": {}, "x-query-ram-sample": Seq([
+        {"status": "sampling"}, {"status": "sampling"}, _reply()])})
+    res = asyncio.run(QemuSampler(q.cmd, seed=5).sample(4000, 0.01))
+    assert res.sampler == "qemu" and res.sample.rewritten == 300
+    assert q.log[0] == ("x-calc-ram-sample", {"pages": 4000, "interval-ms": 10, "seed": 5})
+    bad = Script({"x-calc-ram-sample": {},
+                  "x-query-ram-sample": {"status": "failed", "error": "no RAM"}})
+    with pytest.raises(VMError, match="no RAM"):
+        asyncio.run(QemuSampler(bad.cmd).sample(16, 0.01))
+
+
+def test_xp_output_is_read_back_as_bytes():
+    words = [0x1122334455667788, 0, 0xFF]
+
+    async def hmp(line: str) -> str:
+        assert line == "xp /3xg 0x1000"
+        return ("0000000000001000: 0x1122334455667788 0x0000000000000000\n"
+                "0000000000001010: 0x00000000000000ff\n")
+
+    data = asyncio.run(XpReader(hmp)(0x1000, 24))
+    assert data == b"".join(w.to_bytes(8, "little") for w in words)
+
+
+def _schema(values: list[str]) -> list[dict[str, Any]]:
+    return [{"name": "query-migrate-parameters", "meta-type": "command", "ret-type": "7"},
+            {"name": "7", "meta-type": "object",
+             "members": [{"name": "multifd-compression", "type": "9"}]},
+            {"name": "9", "meta-type": "enum", "values": values}]
+
+
+def _qemu(commands: set[str], compression: list[str], sample: dict[str, Any] | None = None,
+          params: dict[str, Any] | None = None) -> Script:
+    replies: dict[str, Any] = {
+        "query-commands": [{"name": c} for c in commands],
+        "query-cpus-fast": [{"cpu-index": 0}],
+        "query-memory-size-summary": {"base-memory": 1 << 30},
+        "query-migrate-parameters": params or {"downtime-limit": 300},
+        "query-qmp-schema": _schema(compression)}
+    if sample is not None:
+        replies["x-calc-ram-sample"] = {}
+        replies["x-query-ram-sample"] = sample
+    return Script(replies)
+
+
+def _plan(sets: dict[str, str] | None = None) -> Plan:
+    sets = sets or {}
+    return Plan(uri="tcp:127.0.0.1:4444", settings=tuple(merge("livemig", sets).items()),
+                explicit=frozenset(sets), bandwidth=50 << 20).validate()
+
+
+def test_codecs_come_from_the_qemus_schema():
+    q = _qemu(set(), ["none", "zlib", "zstd", "qpl"])
+    assert asyncio.run(multifd_codecs(q)) == frozenset({"plain", "zstd"})
+
+
+def test_stock_qemu_gets_auto_converge_instead_of_the_patched_throttle():
+    q = _qemu(set(), ["none", "zstd"])
+    plan = _plan({"encoding": "zstd"})
+    a = asyncio.run(adapt(q, plan, Hints(), EventStream()))
+    assert a.plan.wanted["throttle"] == "auto-converge" and plan.wanted["throttle"] == "converge"
+    assert a.notes[0]["setting"] == "throttle"
+    assert a.plan.wanted["multifd-compression"] == "zstd"
+    kept = asyncio.run(adapt(q, _plan({"throttle": "off", "encoding": "zstd"}), Hints(),
+                             EventStream()))
+    assert kept.plan.wanted["throttle"] == "off" and not kept.notes
+
+
+def test_the_patched_qemu_samples_itself_and_gets_a_second_plan():
+    q = _qemu({"x-calc-ram-sample", "set-cpu-throttle"}, ["none", "zstd", "lz4"], _reply(),
+              {"downtime-limit": 300, encoding.DELTA_KEY: 0})
+    plan = _plan()
+    a = asyncio.run(adapt(q, plan, Hints(host_available=8 << 30), EventStream()))
+    assert a.encoding is not None and a.encoding["encoding"] == "lz4-delta"
+    assert a.encoding["sampler"]["name"] == "qemu"
+    assert a.plan.wanted["multifd-compression"] == "lz4" and a.plan is not plan
+    assert "multifd-compression" not in plan.wanted  # the first plan is untouched
+    assert a.plan.wanted["throttle"] == "converge"
+
+
+def test_explicit_stream_settings_are_not_overridden():
+    q = _qemu({"x-calc-ram-sample"}, ["none", "zstd"], _reply())
+    a = asyncio.run(adapt(q, _plan({"multifd-compression": "zstd"}), Hints(), EventStream()))
+    assert a.encoding is not None and a.encoding["encoding"] is None
+    assert ("x-calc-ram-sample", {"pages": 4096, "interval-ms": 500}) not in q.log
