@@ -86,8 +86,28 @@ def _div(a: float | None, b: float) -> float | None:
     return None if a is None else a / b
 
 
+# ``livemig@stock``: a livemig profile run on the unpatched build (what the profile does
+# for a user without livemig's QEMU patches); not a baseline
+ON_STOCK = "@stock"
+
+
 def is_stock(profile: str) -> bool:
+    """A stock profile: a baseline, run on the unpatched build."""
     return profile.startswith("upstream") or profile == "defaults"
+
+
+def base_profile(profile: str) -> str:
+    return profile.removesuffix(ON_STOCK)
+
+
+def on_stock_binary(profile: str) -> bool:
+    return is_stock(profile) or profile.endswith(ON_STOCK)
+
+
+def check_profile(profile: str) -> None:
+    if base_profile(profile) not in PROFILES:
+        raise UsageError(f"unknown profile {profile!r}: choose from {', '.join(PROFILES)} "
+                         f"(a livemig profile with {ON_STOCK} runs on the unpatched build)")
 
 
 def _check_scenario(sc: dict[str, Any], where: str) -> dict[str, Any]:
@@ -109,7 +129,7 @@ def _check_scenario(sc: dict[str, Any], where: str) -> dict[str, Any]:
     except UsageError as e:
         raise UsageError(f"{where}: {e}") from None
     for p in sc["profiles"]:
-        if p not in PROFILES:
+        if base_profile(p) not in PROFILES:
             raise UsageError(f"{where}: unknown profile {p!r}")
     return sc
 
@@ -170,7 +190,7 @@ def binaries(sc: dict[str, Any], qemu: Path | None,
     if chosen is not None and str(chosen) == "same":
         return patched, patched
     stock = chosen or paths.build_dir() / "qemu-upstream" / "qemu-system-x86_64"
-    if any(is_stock(p) for p in sc["profiles"]) and not stock.exists():
+    if any(on_stock_binary(p) for p in sc["profiles"]) and not stock.exists():
         raise UsageError(f"stock profiles run on the unpatched build of the same QEMU "
                          f"release, not found at {stock}: run 'make qemu-upstream' (or "
                          "pass --stock-qemu PATH, or --stock-qemu same)")
@@ -178,14 +198,16 @@ def binaries(sc: dict[str, Any], qemu: Path | None,
 
 
 def options_for(sc: dict[str, Any], profile: str, accel: str, reason: str,
-                qemu: Path | None) -> MigrateOptions:
+                qemu: Path | None, via: str = "lab") -> MigrateOptions:
+    """``via``: ``lab`` (the lab's engine hooks) or ``attach`` (the lab boots the VMs
+    and hands their QMP sockets to the attach path, as a user's VMs)."""
     sets = {k: str(v) for k, v in sc.get("set", {}).items()}
-    wanted = merge(profile, sets)
+    wanted = merge(base_profile(profile), sets)
     opts = MigrateOptions(
         workload=parse_workload(sc["workload"]), memory=parse_size(sc["memory"]),
         vcpus=int(sc.get("vcpus", 1)),
         bandwidth=parse_size(sc["bandwidth"]) if sc.get("bandwidth") else None,
-        profile=profile, wanted=wanted, max_time=float(sc.get("max_time", 300)),
+        profile=base_profile(profile), wanted=wanted, max_time=float(sc.get("max_time", 300)),
         accel=accel, accel_reason=reason,
         storage=str(sc.get("storage", "shared")), explicit=frozenset(sets),
     )
@@ -197,6 +219,7 @@ def options_for(sc: dict[str, Any], profile: str, accel: str, reason: str,
         opts.disk_size = parse_size(sc["disk_size"])
     if qemu is not None:
         opts.qemu = qemu
+    opts.via = via
     return opts
 
 
@@ -403,7 +426,7 @@ async def run_bench(scenarios: list[Path], out_dir: Path, accel: str, reason: st
                     qemu: Path | None, repeats: int | None,
                     profiles: list[str] | None, quiet: bool,
                     stock_qemu: Path | None = None, reuse: str = "no",
-                    names: list[str] | None = None) -> str:
+                    names: list[str] | None = None, via: str = "lab") -> str:
     """``reuse``: ``no`` runs everything; ``resume`` takes the reports already in
     ``out_dir`` and runs the missing ones; ``only`` just summarizes what is there.
     ``names``: the families to run (default: every one of the files)."""
@@ -420,7 +443,7 @@ async def run_bench(scenarios: list[Path], out_dir: Path, accel: str, reason: st
     for sc, (patched, stock) in plans:
         profs = list(sc["profiles"])
         n = repeats or int(sc["repeats"])
-        bins = {p: stock if is_stock(p) else patched for p in profs}
+        bins = {p: stock if on_stock_binary(p) else patched for p in profs}
         labels = {p: binary_label(b) for p, b in bins.items()}
         runs: dict[str, list[dict[str, Any]]] = {p: [] for p in profs}
         for i in range(n):
@@ -433,11 +456,11 @@ async def run_bench(scenarios: list[Path], out_dir: Path, accel: str, reason: st
                     continue
                 print(f"== bench {sc['name']}: {p} run {i + 1}/{n} ({labels[p]})",
                       flush=True)
-                mig = LabRun(options_for(sc, p, accel, reason, bins[p]),
+                mig = LabRun(options_for(sc, p, accel, reason, bins[p], via),
                              Progress(enabled=not quiet))
                 await mig.run()
                 rep = mig.report()
-                rep["bench"] = {"family": sc["name"], "profile": p, "repeat": i + 1,
+                rep["bench"] = {"family": sc["name"], "profile": p, "repeat": i + 1, "via": via,
                                 "binary": labels[p], "qemu": str(bins[p])}
                 write_report(rep, path)
                 runs[p].append(rep)

@@ -132,6 +132,10 @@ def _build_parser() -> argparse.ArgumentParser:
                    "(default: the unpatched build of the same release, "
                    "build/qemu-upstream/..., from 'make qemu-upstream'; 'same': --qemu)")
     b.add_argument("--accel", default="auto", help="auto|kvm|tcg")
+    b.add_argument("--via", choices=("lab", "attach"), default="lab",
+                   help="lab: the lab drives the migration with its own hooks; attach: the "
+                   "lab boots and measures the guests, then hands their QMP sockets to "
+                   "the attach path, which migrates them as a user's VMs (default lab)")
     b.add_argument("-q", "--quiet", action="store_true", help="no live progress")
 
     v = sub.add_parser("verify", help="migrate one guest back and forth under its "
@@ -381,12 +385,11 @@ def cmd_migrate(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from livemig.bench import binaries, load_scenarios, run_bench
+    from livemig.bench import binaries, check_profile, load_scenarios, run_bench
 
     profiles = [p.strip() for p in a.profiles.split(",")] if a.profiles else None
     for p in profiles or []:
-        if p not in PROFILES:
-            raise UsageError(f"unknown profile {p!r}: choose from {', '.join(PROFILES)}")
+        check_profile(p)
     for path in a.scenarios:
         for sc in load_scenarios(path):  # fail early on a bad file or a missing binary
             binaries({**sc, "profiles": profiles or sc["profiles"]}, a.qemu, a.stock_qemu)
@@ -403,7 +406,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         if not a.out.is_dir():
             raise UsageError(f"--summarize: no reports in {a.out}")
         md = asyncio.run(run_bench(a.scenarios, a.out, "-", "", a.qemu, a.repeats,
-                                   profiles, a.quiet, a.stock_qemu, reuse, families))
+                                   profiles, a.quiet, a.stock_qemu, reuse, families,
+                                   a.via))
         print(md)
         return 0
     ensure_root()
@@ -411,7 +415,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     choice = choose_accel(a.accel)
     md = asyncio.run(run_bench(a.scenarios, a.out, choice.name, choice.reason, a.qemu,
                                a.repeats, profiles, a.quiet, a.stock_qemu, reuse,
-                               families))
+                               families, a.via))
     print(md)
     print(f"results in {a.out}/")
     return 0

@@ -88,7 +88,8 @@ def build_report(rec: MigrationRecord, lab: LabFacts | AttachFacts | None = None
     report: dict[str, Any] = {
         "livemig_version": __version__,
         "run_id": rec.run_id,
-        "mode": "lab" if is_lab else "attach",
+        # a lab-booted guest migrated through the attach path (bench --via attach)
+        "mode": ("attach" if not is_lab or settings.get("via") == "attach" else "lab"),
         "started_at": datetime.datetime.fromtimestamp(rec.t0, datetime.UTC).isoformat(),
         "outcome": rec.outcome,
         "reason": rec.reason,

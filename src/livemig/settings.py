@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from livemig.errors import UsageError
-from livemig.units import parse_size
+from livemig.units import parse_link_rate, parse_size
 
 _TRUE = {"on", "true", "yes", "1"}
 _FALSE = {"off", "false", "no", "0"}
@@ -62,6 +62,13 @@ def _granularity(value: str) -> int | str:
     return g
 
 
+def _link(value: str) -> str:
+    """auto, or a link rate such as 400mbit / 10gbit (kept as given)."""
+    if value != "auto":
+        parse_link_rate(value)
+    return value
+
+
 def _bytes(value: str) -> int:
     return parse_size(value, "size")
 
@@ -94,6 +101,10 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                                "zstd, lz4, lz4-delta (lz4 multifd with delta encoding "
                                "of re-sent pages), plain, or off "
                                "(as set)"),
+    "link-rate": LivemigSetting("auto", _link,
+                                "the migration link's rate for the encoding model, e.g. "
+                                "1gbit or 10gbit: auto (the testbed's link in lab runs; "
+                                "unknown otherwise, so --bandwidth or 10gbit is assumed)"),
     "sampler": LivemigSetting("auto", _choice("auto", "qemu", "pmemsave", "xp", "file"),
                               "how encoding=auto samples the guest's pages: auto (the "
                               "patched QEMU's x-calc-ram-sample, else pmemsave for a QEMU "

@@ -34,6 +34,7 @@ from livemig.sampling.peek import PeekSampler
 from livemig.sampling.qemu import START as QEMU_SAMPLE
 from livemig.sampling.qemu import QemuSampler
 from livemig.sampling.readers import PmemsaveReader, XpReader, qemu_is_local
+from livemig.units import parse_link_rate
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -157,6 +158,10 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints) -> encoding.Context:
     ram = int(mem.get("base-memory", 0)) + int(mem.get("plugged-memory", 0) or 0)
     params = await src.cmd("query-migrate-parameters")
     link = hints.link_rate
+    given = plan.livemig_setting("link-rate")
+    if given != "auto":
+        bits = parse_link_rate(given)
+        link = bits / 8 if bits else None
     if plan.bandwidth:
         link = min(link or float("inf"), float(plan.bandwidth))
     return encoding.Context(

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from livemig import metrics, paths
+from livemig.attach import run_attach
 from livemig.control import GUEST_DISK
 from livemig.engine.adapt import Adapted, Hints, adapt
 from livemig.engine.decision import Decision
@@ -100,6 +101,9 @@ class MigrateOptions:
     images: tuple[Path, Path] | None = None  # disk images owned by the caller
     testbed_held: bool = False  # the caller holds the testbed lock
     trace_events: tuple[str, ...] = ()  # QEMU trace points on both ends (report: qemu_trace)
+    # lab: the lab's engine hooks; attach: the lab boots and measures, then hands the two
+    # QEMUs' QMP sockets to the attach path, which migrates them as a user's VMs
+    via: str = "lab"
 
     def plan(self, uri: str = "") -> Plan:
         """The engine's plan; validated before anything boots."""
@@ -184,6 +188,12 @@ class LabRun(Hooks):
                 f"tcp:{host}:{_free_port()}")
             assert self.src is not None and self.dst is not None
             assert self.src.endpoint is not None and self.dst.endpoint is not None
+            if self.opts.via == "attach":
+                self.record = await self._attached(plan)
+                if not self.record.completed and self.src.alive() \
+                        and self.record.t_migrate is not None:
+                    await self._source_after()
+                return self.record
             self.engine = Engine(self.src.endpoint, self.dst.endpoint, plan,
                                  events=self.events, hooks=self, interrupt=self.interrupt,
                                  run_id=self.id, guardian_dir=self.run_dir,
@@ -265,7 +275,10 @@ class LabRun(Hooks):
         if self.service is not None:
             self.t_ready = await self.service.start(
                 self._check_interrupt, self.src.config.console_path if self.src else None)
-        await self._adapt()
+        if o.via == "attach":  # the attach path adapts the plan itself
+            self.adapted = Adapted(self.plan, None)
+        else:
+            await self._adapt()
         self.dst, self.dst_agent = await self._launch("dst", dst_disks, incoming=True)
 
     # -- engine hooks -----------------------------------------------------------------
@@ -530,6 +543,22 @@ class LabRun(Hooks):
         self.progress.step(f"client probes the guest at {topology.GUEST_IP} every "
                            f"{self.prober.interval * 1000:.0f} ms")
 
+    async def _attached(self, plan: Plan) -> MigrationRecord:
+        """``via=attach``: measure the guest's normal rate, then migrate the two QEMUs
+        through the attach path (their second QMP sockets), as a user's VMs: no lab
+        hook, the attach path's own sampler and checks."""
+        assert self.src is not None and self.dst is not None
+        await self.warmup()
+        self.progress.step("handing both QEMUs' QMP sockets to the attach path")
+        if self.opts.testbed and "link-rate" not in self.opts.explicit and self.opts.link:
+            plan = plan.with_settings({"link-rate": f"{self.opts.link}bit"}).validate()
+        rec, _ = await run_attach(self.src.config.attach_qmp_path,
+                                  self.dst.config.attach_qmp_path, plan, self.events,
+                                  self.interrupt)
+        self.t_migrate = rec.t_migrate
+        self.encoding = rec.encoding
+        return rec
+
     async def _adapt(self) -> None:
         """The second plan (:func:`livemig.engine.adapt.adapt`): the stream encoding
         from a sample of the guest's pages, taken through the same sampler an attach
@@ -602,6 +631,7 @@ class LabRun(Hooks):
             run_dir=self.run_dir, mem_path=mem_path, incoming=incoming,
             start_paused=incoming and o.verify, disks=disks,
             exec_prefix=prefix, extra_args=extra, trace_events=o.trace_events,
+            attach_qmp=o.via == "attach",
         )
 
     async def _wait_ready(self) -> None:
@@ -825,6 +855,7 @@ class LabRun(Hooks):
                 "faults": self.injected or [
                     {"kind": f.kind, "address": f"{f.address:#x}"} for f in o.faults],
                 "total_time_includes_disk_copy": self.disk is not None,
+                "via": o.via,
             })
 
     def report(self) -> dict[str, Any]:

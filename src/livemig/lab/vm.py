@@ -60,6 +60,7 @@ class VMConfig:
     mem_path: Path
     incoming: bool = False  # destination: -incoming defer
     start_paused: bool = False  # -S: do not run the guest after an incoming migration
+    attach_qmp: bool = False  # a second QMP monitor for the attach path (bench via attach)
     disks: list[Disk] = field(default_factory=list)
     exec_prefix: list[str] = field(default_factory=list)  # e.g. ip netns exec lm-src
     extra_args: list[str] = field(default_factory=list)
@@ -73,6 +74,10 @@ class VMConfig:
     @property
     def qmp_path(self) -> Path:
         return self.run_dir / f"{self.name}.qmp"
+
+    @property
+    def attach_qmp_path(self) -> Path:
+        return self.run_dir / f"{self.name}-attach.qmp"
 
     @property
     def agent_path(self) -> Path:
@@ -122,6 +127,10 @@ class VMConfig:
             ]
         if self.trace_events:
             argv += qemutrace.trace_args(self.trace_path, self.trace_events)
+        if self.attach_qmp:
+            argv += ["-chardev",
+                     f"socket,id=qmp2,path={self.attach_qmp_path},server=on,wait=off",
+                     "-mon", "chardev=qmp2,mode=control"]
         if self.incoming:
             argv += ["-incoming", "defer"]
         if self.start_paused:
