@@ -16,12 +16,18 @@ from conftest import INITRD, KERNEL, QEMU
 
 
 def start_qemu(d: Path, name: str, workload: str, incoming: bool = False,
-               paused: bool = False, memory: str = "256M") -> subprocess.Popen[bytes]:
-    """A minimal QEMU command line: anonymous RAM, the lab's kernel/initrd, the guest
-    agent's port on a socket the test can read (nobody else connects to it)."""
-    argv = [str(QEMU), "-L", "/usr/share/seabios", "-L", "/usr/share/qemu",
+               paused: bool = False, memory: str = "256M", qemu: Path | None = None,
+               mem_file: Path | None = None) -> subprocess.Popen[bytes]:
+    """A minimal QEMU command line: anonymous RAM (or ``mem_file``, shared), the lab's
+    kernel/initrd, the guest agent's port on a socket the test can read (nobody else
+    connects to it)."""
+    machine = ["-machine", "q35"]
+    if mem_file is not None:
+        machine = ["-machine", "q35,memory-backend=ram0", "-object",
+                   f"memory-backend-file,id=ram0,size={memory},mem-path={mem_file},share=on"]
+    argv = [str(qemu or QEMU), "-L", "/usr/share/seabios", "-L", "/usr/share/qemu",
             "-nodefaults", "-no-user-config", "-display", "none", "-accel", "tcg",
-            "-machine", "q35", "-m", memory, "-smp", "1",
+            *machine, "-m", memory, "-smp", "1",
             "-kernel", str(KERNEL), "-initrd", str(INITRD),
             "-append", f"console=ttyS0 quiet livemig.workload={workload}",
             "-serial", f"file:{d / name}.console",

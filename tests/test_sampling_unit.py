@@ -212,7 +212,8 @@ def test_stock_qemu_gets_auto_converge_instead_of_the_patched_throttle():
     plan = _plan({"encoding": "zstd"})
     a = asyncio.run(adapt(q, plan, Hints(), EventStream()))
     assert a.plan.wanted["throttle"] == "auto-converge" and plan.wanted["throttle"] == "converge"
-    assert a.notes[0]["setting"] == "throttle"
+    assert [n["setting"] for n in a.notes] == ["throttle", "downtime-ramp"]
+    assert a.plan.wanted["downtime-ramp"] == "off"
     assert a.plan.wanted["multifd-compression"] == "zstd"
     kept = asyncio.run(adapt(q, _plan({"throttle": "off", "encoding": "zstd"}), Hints(),
                              EventStream()))

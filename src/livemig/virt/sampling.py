@@ -1,0 +1,78 @@
+"""The encoding choice for a libvirt domain: the engine's second plan
+(:func:`livemig.engine.adapt.adapt`) through the domain.
+
+The domain's QEMU is reached through libvirt's monitor passthrough
+(:class:`DomainEnd`); pages through the patched QEMU's own sampler, or else libvirt's
+``virDomainMemoryPeek`` (``VIR_MEMORY_PHYSICAL``, 64 KiB per call), which libvirt
+serves on the QEMU's host: nothing is assumed about that host's files. The source
+host's CPUs and free memory come from libvirt too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from livemig.engine.adapt import Adapted, Hints, adapt
+from livemig.engine.events import EventStream
+from livemig.engine.plan import Plan
+from livemig.virt import qmp
+from livemig.virt.conn import LibvirtError, libvirt_module, message
+
+HMP_FLAG = 1  # VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP
+
+
+class DomainEnd:
+    """The domain's QEMU as the engine's :class:`QmpEnd` (what ``adapt`` needs)."""
+
+    def __init__(self, dom: Any) -> None:
+        self.dom = dom
+        self.name = f"domain {dom.name()}"
+
+    async def cmd(self, command: str, **args: Any) -> Any:
+        return await asyncio.to_thread(qmp.command, self.dom, command, **args)
+
+    async def next_event(self, timeout: float) -> dict[str, Any] | None:
+        await asyncio.sleep(timeout)
+        return None
+
+    async def has_command(self, command: str) -> bool:
+        cmds = await self.cmd("query-commands")
+        return any(c["name"] == command for c in cmds)
+
+    def alive(self) -> bool:
+        return bool(self.dom.isActive())
+
+    @property
+    def ram_file(self) -> None:
+        return None
+
+    @property
+    def pid(self) -> None:
+        return None  # the QEMU may run on another host
+
+
+def peek_reader(dom: Any) -> Any:
+    libvirt = libvirt_module()
+
+    async def read(gpa: int, size: int) -> bytes:
+        def peek() -> bytes:
+            try:
+                return bytes(dom.memoryPeek(gpa, size, libvirt.VIR_MEMORY_PHYSICAL))
+            except libvirt.libvirtError as e:
+                raise LibvirtError(f"memoryPeek at {gpa:#x}: {message(e)}") from None
+        return await asyncio.to_thread(peek)
+    return read
+
+
+def host_hints(conn: Any, dom: Any) -> Hints:
+    """The source host's CPUs beside the domain's vCPUs and its free memory."""
+    cpus = int(conn.getInfo()[2])
+    vcpus = int(dom.info()[3])
+    return Hints(cpus=max(0.5, min(2.0, float(cpus - vcpus))),
+                 host_available=int(conn.getFreeMemory()), peek=peek_reader(dom))
+
+
+def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream) -> Adapted:
+    """The second plan for ``dom`` (sync: libvirt runs are)."""
+    return asyncio.run(adapt(DomainEnd(dom), plan, host_hints(conn, dom), events))

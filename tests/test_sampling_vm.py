@@ -1,0 +1,162 @@
+"""The page samplers on real QEMUs (TCG guests started here from plain command lines,
+not by the lab): every sampler sees what the guest does, the lab's RAM-file reader and
+the QEMU samplers decide the same encoding, and an attach run on the unpatched build
+gets the livemig profile's encoding from pmemsave and stock's throttle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import QEMU, ROOT, livemig_cmd
+from livemig.engine.adapt import Hints, adapt, context
+from livemig.engine.endpoint import Endpoint
+from livemig.engine.events import EventStream
+from livemig.engine.plan import Plan
+from livemig.lab.pagesample import FileSampler
+from livemig.policy import encoding
+from livemig.sampling.base import SampleResult
+from livemig.sampling.peek import PeekSampler
+from livemig.sampling.qemu import QemuSampler
+from livemig.sampling.readers import PmemsaveReader
+from livemig.settings import merge
+from qemuhelp import free_port, start_qemu, stop
+
+pytestmark = pytest.mark.vm
+UPSTREAM = ROOT / "build" / "qemu-upstream" / "qemu-system-x86_64"
+# small rewrites in a hot set (a database updating rows) and whole-page rewrites
+SMALL = "mem:size=96M,rate=24M,hot=80/10,touch=128"
+PAGES = "mem:size=96M,rate=24M,hot=80/10,touch=4096,fill=mixed"
+
+
+def _samples(tmp: Path, workload: str) -> tuple[list[SampleResult], encoding.Context]:
+    """The file, pmemsave and (patched) QEMU samplers on one guest whose RAM is a
+    shared file, taken one after the other."""
+    mem = Path("/dev/shm") / f"livemig-test-{tmp.name}.ram"
+    proc = start_qemu(tmp, "g", workload, memory="512M", mem_file=mem)
+    try:
+        time.sleep(8)  # boot, fill the region, start writing
+
+        async def go() -> tuple[list[SampleResult], encoding.Context]:
+            end = Endpoint("g", tmp / "g.qmp", pid=proc.pid)
+            await end.connect(10)
+
+            async def hmp(line: str) -> str:
+                return str(await end.cmd("human-monitor-command", **{"command-line": line}))
+
+            reader = PmemsaveReader(end.cmd, proc.pid, tmp)
+            out = [await FileSampler(mem).sample(1024),
+                   await PeekSampler("pmemsave", hmp, reader).sample(1024),
+                   await QemuSampler(end.cmd).sample(1024)]
+            reader.close()
+            plan = Plan(uri="", settings=tuple(merge("livemig", {}).items())).validate()
+            ctx = await context(end, plan, Hints(link_rate=50e6, cpus=1.0))
+            await end.close()
+            return out, ctx
+
+        return asyncio.run(go())
+    finally:
+        stop(proc)
+        mem.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("workload,expect", [(SMALL, "lz4-delta"), (PAGES, None)])
+def test_every_sampler_sees_the_guest_and_they_decide_the_same(tmp_path, workload, expect):
+    results, ctx = _samples(tmp_path, workload)
+    names = [r.sampler for r in results]
+    assert names == ["file", "pmemsave", "qemu"]
+    choices = {r.sampler: encoding.choose_sample(r.sample, ctx).encoding for r in results}
+    for r in results:
+        s = r.sample
+        assert s.kept >= 64, (r.sampler, s)
+        assert s.rewritten > 0, (r.sampler, s)
+        assert 0.05 < s.rewritten / s.kept < 0.9, (r.sampler, s)
+        if workload == SMALL:
+            assert s.changed_share is not None and s.changed_share < 0.15, (r.sampler, s)
+        else:
+            assert s.changed_share is not None and s.changed_share > 0.5, (r.sampler, s)
+        assert s.first["zstd"].ratio > 1.3, (r.sampler, s.first)  # mixed-entropy memory
+    assert len(set(choices.values())) == 1, choices
+    if expect:
+        assert choices["qemu"] == expect, choices
+
+
+def test_attach_on_the_unpatched_build_samples_with_pmemsave_and_throttles_as_stock(tmp_path):
+    src = start_qemu(tmp_path, "src", SMALL, qemu=UPSTREAM)
+    dst = start_qemu(tmp_path, "dst", SMALL, incoming=True, paused=True, qemu=UPSTREAM)
+    try:
+        time.sleep(6)
+        report = tmp_path / "r.json"
+        proc = subprocess.run(livemig_cmd(
+            "migrate", "--src-qmp", str(tmp_path / "src.qmp"), "--dst-qmp",
+            str(tmp_path / "dst.qmp"), "--uri", f"tcp:127.0.0.1:{free_port()}",
+            "--bandwidth", "50M", "--profile", "livemig", "--max-time", "120",
+            "--report", str(report)), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        rep: dict[str, Any] = json.loads(report.read_text())
+        enc = rep["encoding"]
+        assert enc["sampler"]["name"] == "pmemsave" and enc["encoding"] in ("xbzrle", "zstd")
+        assert "lz4" not in enc["context"]["codecs"]  # stock multifd has no lz4
+        adapted = [e for e in rep["events"] if e["event"] == "adapted"]
+        assert adapted and adapted[0]["to"] == "auto-converge"
+        assert rep["settings"]["capabilities"].get("auto-converge") is True
+        # the sampler's private files are gone
+        assert not list(Path("/run/livemig").glob("livemig-sample-*"))
+    finally:
+        stop(src)
+        stop(dst)
+
+
+def test_a_stock_qemu_without_a_local_process_is_sampled_through_hmp_xp(tmp_path):
+    """xp reads the same bytes as pmemsave (a QEMU on another host has only its monitor)."""
+    proc = start_qemu(tmp_path, "g", SMALL, qemu=UPSTREAM, paused=True)
+    try:
+        async def go() -> tuple[bytes, bytes]:
+            end = Endpoint("g", tmp_path / "g.qmp", pid=proc.pid)
+            await end.connect(10)
+
+            async def hmp(line: str) -> str:
+                return str(await end.cmd("human-monitor-command", **{"command-line": line}))
+
+            from livemig.sampling.readers import XpReader
+            reader = PmemsaveReader(end.cmd, proc.pid, tmp_path)
+            a = await reader(0xF0000, 65536)  # the BIOS: non-zero, not changing (paused)
+            b = await XpReader(hmp)(0xF0000, 65536)
+            reader.close()
+            await end.close()
+            return a, b
+
+        a, b = asyncio.run(go())
+        assert a == b and a.count(0) < len(a)
+    finally:
+        stop(proc)
+
+
+def test_second_plan_on_a_plain_qemu(tmp_path):
+    """adapt() on a real patched QEMU: the first plan is untouched, the second frozen."""
+    proc = start_qemu(tmp_path, "g", SMALL, qemu=QEMU)
+    try:
+        time.sleep(6)
+
+        async def go() -> Any:
+            end = Endpoint("g", tmp_path / "g.qmp", pid=proc.pid)
+            await end.connect(10)
+            plan = Plan(uri="", settings=tuple(merge("livemig", {}).items())).validate()
+            a = await adapt(end, plan, Hints(link_rate=50e6), EventStream())
+            await end.close()
+            return plan, a
+
+        plan, a = asyncio.run(go())
+        assert a.plan is not plan and "multifd" not in plan.wanted
+        assert a.encoding["sampler"]["name"] == "qemu"
+        assert a.plan.wanted["multifd"] == "on" or a.plan.wanted.get("xbzrle") == "on"
+        with pytest.raises(AttributeError):
+            a.plan.uri = "x"  # type: ignore[misc]
+    finally:
+        stop(proc)
