@@ -16,9 +16,11 @@ from conftest import INITRD, KERNEL, QEMU
 
 
 def start_qemu(d: Path, name: str, workload: str, incoming: bool = False,
-               paused: bool = False, memory: str = "256M") -> subprocess.Popen[bytes]:
+               paused: bool = False, memory: str = "256M",
+               extra: list[str] | None = None) -> subprocess.Popen[bytes]:
     """A minimal QEMU command line: anonymous RAM, the lab's kernel/initrd, the guest
-    agent's port on a socket the test can read (nobody else connects to it)."""
+    agent's port on a socket the test can read (nobody else connects to it); ``extra``
+    arguments at the end."""
     argv = [str(QEMU), "-L", "/usr/share/seabios", "-L", "/usr/share/qemu",
             "-nodefaults", "-no-user-config", "-display", "none", "-accel", "tcg",
             "-machine", "q35", "-m", memory, "-smp", "1",
@@ -33,6 +35,7 @@ def start_qemu(d: Path, name: str, workload: str, incoming: bool = False,
         argv += ["-incoming", "defer"]
     if paused:
         argv += ["-S"]
+    argv += extra or []
     log = open(d / f"{name}.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -318,3 +318,111 @@ def test_switchover_drain_off_and_on():
         _negotiated("upstream-plain", {"switchover-drain": "on"}, patched=False)
     with pytest.raises(UsageError, match="bad --set switchover-drain"):
         _negotiated("livemig", {"switchover-drain": "maybe"}, patched=True)
+
+
+# -- a corrupt destination never runs -------------------------------------------------
+def _completed_ends(**kw):
+    src, dst = ends(**kw)
+    dst.events.append({"event": "MIGRATION", "data": {"status": "completed"},
+                       "timestamp": {"seconds": 1, "microseconds": 0}})
+    dst.commands.add("blockdev-set-active")
+    return src, dst
+
+
+def test_ram_mismatch_fails_keeps_destination_paused_and_resumes_source():
+    src, dst = _completed_ends()
+    before_src = (dict(src.caps), dict(src.params))
+    orig = dst.cmd
+
+    async def corrupt_on_load(command, **args):  # the destination loaded a bad page
+        if command == "x-query-ram-digest" and not dst.called("x-query-ram-digest"):
+            dst.ram["pc.ram"][0x200010] ^= 0x40
+        return await orig(command, **args)
+
+    dst.cmd = corrupt_on_load  # type: ignore[method-assign]
+    plan = Plan(URI, settings=(("downtime-limit", "500"), *FAST), profile="defaults")
+    rec = run(Engine(src, dst, plan.validate()))
+    assert rec.outcome == "failed"
+    assert rec.ram is not None and rec.ram.result == "mismatch"
+    assert "0x200000" in (rec.reason or "") and "1 pages" in (rec.reason or "")
+    assert not dst.called("cont") and dst.status != "running"
+    assert dst.called("blockdev-set-active") == [{"active": False}]
+    assert src.called("cont") and src.status == "running"
+    assert rec.source_after == {"running": True, "status": "running"}
+    assert (src.caps, src.params) == before_src and dst.params["downtime-limit"] == 300
+    assert rec.t_cont is None
+
+
+def test_disk_mismatch_from_a_hook_fails_the_same_way():
+    from livemig.engine.run import Hooks
+
+    class DiskBad(Hooks):
+        async def verify_more(self):
+            return "destination disk differs from the source in 1 blocks (first: 0x1000)"
+
+    src, dst = _completed_ends()
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults").validate(),
+                     hooks=DiskBad()))
+    assert rec.outcome == "failed" and "disk differs" in (rec.reason or "")
+    assert rec.ram is not None and rec.ram.result == "ok"
+    assert not dst.called("cont") and src.status == "running"
+
+
+def test_identical_ram_still_resumes_the_destination_not_the_source():
+    src, dst = _completed_ends()
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults").validate()))
+    assert rec.outcome == "completed" and dst.status == "running"
+    assert not src.called("cont") and not dst.called("blockdev-set-active")
+
+
+def test_resume_corrupt_is_the_verify_inject_debug_path_only():
+    src, dst = _completed_ends()
+    dst.ram["pc.ram"][5] ^= 1
+    plan = Plan(URI, settings=FAST, profile="defaults", resume_corrupt=True).validate()
+    rec = run(Engine(src, dst, plan))
+    assert rec.outcome == "completed" and rec.ram is not None and rec.ram.result == "mismatch"
+    assert dst.status == "running"
+
+
+def test_drill_down_is_capped_however_much_differs():
+    from livemig.engine.verify import MAX_DRILLED, MAX_REPORTED
+
+    src, dst = ends(ram_size=64 << 20)
+    src.status = dst.status = "paused"
+    for off in range(0, 64 << 20, 1 << 20):  # every 1 MiB chunk differs, 2 pages each
+        dst.ram["pc.ram"][off] ^= 1
+        dst.ram["pc.ram"][off + 0x5000] ^= 1
+    v = asyncio.run(compare_digests(src, dst, chunk=1 << 20))
+    drills = [a for a in src.called("x-query-ram-digest") if "block" in a]
+    assert len(drills) == MAX_DRILLED
+    assert v.mismatched_chunks == 64 and v.capped
+    assert v.mismatched_pages == 2 * MAX_DRILLED
+    assert len(v.first_mismatches) == MAX_REPORTED
+    assert v.as_dict()["pages_counted_in_first_chunks"] == MAX_DRILLED
+    from livemig.engine.run import mismatch_reason
+
+    reason = mismatch_reason(v, None) or ""
+    assert "or more" in reason and reason.count("0x") == 4 and reason.endswith(", ...)")
+
+
+def test_guardian_told_of_a_corrupt_destination_resumes_the_source():
+    from livemig.engine.guardian import REFUSE_DESTINATION
+
+    src, dst = ends(statuses=["completed"])
+    src.migrating = True
+    src.status, dst.status = "postmigrate", "paused"
+    dst.migrating, dst.statuses = True, ["completed"]
+    spec = {**_spec(src, dst), REFUSE_DESTINATION: True}
+    asyncio.run(repair_ends(src, dst, spec))
+    assert not dst.called("cont") and dst.status == "paused"
+    assert src.called("cont") and src.status == "running"
+
+
+@pytest.mark.parametrize("outcome,ram,rc", [
+    ("failed", "mismatch", 4), ("failed", "skipped", 1), ("completed", "mismatch", 4),
+    ("completed", "ok", 0), ("aborted", "skipped", 3)])
+def test_exit_status_says_a_mismatch_was_found_whatever_the_outcome(outcome, ram, rc):
+    from livemig.cli import finish_run
+
+    rep = {"outcome": outcome, "reason": "x", "consistency": {"ram": ram, "disk": "skipped"}}
+    assert finish_run(rep, None, "") == rc

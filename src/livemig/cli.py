@@ -191,8 +191,10 @@ between two libvirt daemons instead, through libvirt's API, with the profile app
 through libvirt's migration parameters and the monitor passthrough (README: libvirt).
 
 exit status: 0 completed and consistent, 1 failed, 2 bad usage, 3 aborted
-(--max-time or Ctrl-C; the source keeps running), 4 completed with a consistency
-mismatch.
+(--max-time or Ctrl-C; the source keeps running), 4 a consistency mismatch was
+found: the migration failed, the destination never ran, the source runs on (lab
+and attach runs; libvirt: a copied disk that differs is held paused on the
+destination).
 
 Attach run: livemig migrate --src-qmp SRC.sock --dst-qmp DST.sock --uri tcp:HOST:PORT
 migrates a VM livemig did not start: the source any running QEMU, the destination a
@@ -309,23 +311,22 @@ def _attach_plan(a: argparse.Namespace) -> Plan:
 
 def finish_run(report: dict[str, Any], path: Path | None, text: str, logs: str = "") -> int:
     """Write the report, print the summary, and map the outcome to the exit status
-    (0 completed and consistent, 1 failed, 3 aborted, 4 a consistency mismatch); the
-    same for lab, attach and libvirt runs."""
+    (0 completed and consistent, 1 failed, 3 aborted, 4 a consistency mismatch was
+    found, whatever the outcome); the same for lab, attach and libvirt runs."""
     if path:
         write_report(report, path)
     print(text)
     if path:
         print(f"report           {path}")
-    if report["outcome"] == "failed":
-        print(f"livemig: migration failed: {report['reason']}{logs}", file=sys.stderr)
-        return 1
-    if report["outcome"] == "aborted":
-        return EXIT_ABORTED
     cons = report["consistency"]
     assert isinstance(cons, dict)
-    if "mismatch" in (cons.get("ram"), cons.get("disk"), cons.get("guest")):
-        return EXIT_MISMATCH
-    return 0
+    mismatch = "mismatch" in (cons.get("ram"), cons.get("disk"), cons.get("guest"))
+    if report["outcome"] == "failed":
+        print(f"livemig: migration failed: {report['reason']}{logs}", file=sys.stderr)
+        return EXIT_MISMATCH if mismatch else 1
+    if report["outcome"] == "aborted":
+        return EXIT_ABORTED
+    return EXIT_MISMATCH if mismatch else 0
 
 
 def cmd_attach(a: argparse.Namespace) -> int:

@@ -32,6 +32,10 @@ class Plan:
     accel: str = "tcg"
     pause_before_switchover: bool = False  # a disk mirror finishes with the guest frozen
     disk_link: float | None = None  # bytes/s the disk policies share (disk copied)
+    # debug, ``livemig verify --inject`` only (fault injection allowed explicitly):
+    # resume a destination that failed verification, so the guest's own checker can
+    # be shown to find the injected fault too. Never for a real migration.
+    resume_corrupt: bool = False
 
     @property
     def wanted(self) -> dict[str, str]:

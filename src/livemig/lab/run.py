@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from livemig import metrics, paths
+from livemig import metrics, paths, private
 from livemig.control import GUEST_DISK
 from livemig.engine.decision import Decision
 from livemig.engine.events import EventStream, progress_listener
@@ -99,6 +99,7 @@ class MigrateOptions:
     images: tuple[Path, Path] | None = None  # disk images owned by the caller
     testbed_held: bool = False  # the caller holds the testbed lock
     trace_events: tuple[str, ...] = ()  # QEMU trace points on both ends (report: qemu_trace)
+    resume_corrupt: bool = False  # livemig verify --inject only: see Plan.resume_corrupt
 
     def plan(self, uri: str = "") -> Plan:
         """The engine's plan; validated before anything boots."""
@@ -109,7 +110,7 @@ class MigrateOptions:
                     profile=self.profile, bandwidth=self.bandwidth, max_time=self.max_time,
                     verify=self.verify, accel=self.accel,
                     pause_before_switchover=self.storage == "copy",
-                    disk_link=disk_link).validate()
+                    disk_link=disk_link, resume_corrupt=self.resume_corrupt).validate()
 
 
 @dataclass
@@ -363,13 +364,19 @@ class LabRun(Hooks):
             for fault in self.opts.faults:
                 self._inject(fault)
 
-    async def verify_more(self) -> None:
-        if self.disk is not None:
-            self.progress.step("comparing the disk images: source vs destination")
-            assert self._src_image is not None and self._dst_image is not None
-            self.disk_check = await asyncio.to_thread(
-                compare_images, self._src_image, self._dst_image)
-            self.event("disk compared", **self.disk_check.as_dict())
+    async def verify_more(self) -> str | None:
+        if self.disk is None:
+            return None
+        self.progress.step("comparing the disk images: source vs destination")
+        assert self._src_image is not None and self._dst_image is not None
+        self.disk_check = await asyncio.to_thread(
+            compare_images, self._src_image, self._dst_image)
+        self.event("disk compared", **self.disk_check.as_dict())
+        if self.disk_check.ok:
+            return None
+        first = ", ".join(f"{o:#x}" for o in self.disk_check.first_mismatches[:4])
+        return (f"destination disk differs from the source in "
+                f"{self.disk_check.mismatched_blocks} blocks (first: {first})")
 
     async def after_resume(self) -> None:
         assert self.dst is not None
