@@ -227,7 +227,7 @@ class LabRun(Hooks):
             raise UsageError("--storage copy needs the testbed's hosts (not --link local)")
         if o.workload.service is not None:
             ServiceRun.check(o.workload.service, o.testbed)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        private.make_dir(self.run_dir)
         self.event("phase booting")
         self.progress.step(f"run {self.id}: accel {o.accel} ({o.accel_reason}), "
                            f"QEMU {o.qemu}, logs in {self.run_dir}")
@@ -615,8 +615,7 @@ class LabRun(Hooks):
         """``name`` is the role (src/dst); the testbed host comes from the options."""
         o = self.opts
         mem_path = paths.shm_root() / f"livemig-{self.id}-{name}.ram"
-        with contextlib.suppress(FileNotFoundError):
-            mem_path.unlink()
+        private.create_exclusive(mem_path)  # QEMU opens the file made here, 0600
         self._mem_files.append(mem_path)
         self.state.add_file(mem_path)
         append = "console=ttyS0 quiet " + (
