@@ -426,3 +426,94 @@ def test_exit_status_says_a_mismatch_was_found_whatever_the_outcome(outcome, ram
 
     rep = {"outcome": outcome, "reason": "x", "consistency": {"ram": ram, "disk": "skipped"}}
     assert finish_run(rep, None, "") == rc
+
+
+# -- stalls, timeouts, the split-brain guard ------------------------------------------
+def test_stall_watch_cancels_only_when_nothing_moves_before_switchover():
+    from livemig.engine.stall import StallWatch
+
+    w = StallWatch(5.0)
+    assert w.feed(0.0, "active", 100) is None
+    assert w.feed(4.9, "active", 100) is None
+    assert "no migration bytes moved for 5s" in (w.feed(5.0, "active", 100) or "")
+    w = StallWatch(5.0)
+    for t in range(20):  # bytes move every poll: never a stall
+        assert w.feed(float(t), "active", 100 + t) is None
+    assert w.feed(30.0, "active", 119, disk_remaining=5) is None  # the disk moved
+    assert w.feed(31.0, "device", 119) is None and w.feed(99.0, "device", 119) is None
+    assert StallWatch(0).feed(0.0, "active", 1) is None
+    assert StallWatch(0).feed(1e6, "active", 1) is None  # off
+
+
+def test_stalled_migration_is_cancelled_throttle_dropped_source_runs():
+    src, dst = ends(statuses=["active"])
+    src.commands.add("cancel-cpu-throttle")
+    orig = src.cmd
+
+    async def frozen(command, **args):  # the link is dead: transferred never moves
+        return await orig(command, **args)
+
+    src.cmd = frozen  # type: ignore[method-assign]
+    plan = Plan(URI, settings=(*FAST, ("stall-timeout", "0.1")), profile="defaults")
+    rec = run(Engine(src, dst, plan.validate()))
+    assert rec.outcome == "aborted" and "stalled" in (rec.reason or "")
+    names = [c for c, _ in src.log]
+    assert "cancel-cpu-throttle" in names
+    assert names.index("cancel-cpu-throttle") < names.index("migrate_cancel")
+    assert src.status == "running" and not dst.called("cont")
+
+
+def test_destination_that_never_finishes_loading_fails_and_source_resumes(monkeypatch):
+    import livemig.engine.run as engine_run
+
+    monkeypatch.setattr(engine_run, "DST_LOAD_TIMEOUT_S", 0.2)
+    src, dst = ends()  # no MIGRATION completed event from the destination
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults").validate()))
+    assert rec.outcome == "failed" and "did not finish loading" in (rec.reason or "")
+    assert dst.called("stop") and dst.autostart is False  # cannot start by itself later
+    assert not dst.called("cont") and src.status == "running"
+
+
+def test_split_brain_guard_keeps_the_source_paused_if_the_destination_runs(monkeypatch):
+    import livemig.engine.run as engine_run
+
+    monkeypatch.setattr(engine_run, "DST_LOAD_TIMEOUT_S", 0.2)
+    src, dst = ends()
+    orig = dst.cmd
+
+    async def autostarted(command, **args):  # no -S: it started by itself
+        if command == "query-status":
+            dst.status = "running"
+        return await orig(command, **args)
+
+    dst.cmd = autostarted  # type: ignore[method-assign]
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults",
+                                    verify=False).validate()))
+    assert rec.outcome == "failed"
+    assert not src.called("cont") and src.status == "postmigrate"
+    assert rec.source_after is not None and "split-brain" in rec.source_after["error"]
+
+
+def test_qmp_call_without_answer_is_a_vmerror_naming_the_command(monkeypatch):
+    from livemig.engine import endpoint
+    from livemig.errors import VMError
+
+    class Silent:
+        async def execute(self, command, args):
+            await asyncio.sleep(10)
+
+    monkeypatch.setitem(endpoint.SLOW_QMP_S, "query-status", 0.05)
+    e = endpoint.Endpoint("src", "/nonexistent")
+    e.qmp = Silent()  # type: ignore[assignment]
+    with pytest.raises(VMError, match="query-status: no answer from QEMU within"):
+        asyncio.run(e.cmd("query-status"))
+    assert endpoint.qmp_timeout("x-query-ram-digest") > endpoint.qmp_timeout("query-migrate")
+
+
+def test_guardian_split_brain_guard_leaves_the_source_paused_if_dst_runs():
+    src, dst = ends(statuses=["failed"])
+    src.migrating = True
+    src.status, dst.status = "postmigrate", "running"  # dst had no -S and started
+    done = asyncio.run(repair_ends(src, dst, _spec(src, dst)))
+    assert not src.called("cont"), done
+    assert any("split-brain" in a for a in done["actions"])

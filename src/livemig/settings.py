@@ -86,6 +86,12 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                              "seconds the guest is observed after the end (0 to 3600)"),
     "poll-interval": LivemigSetting(0.25, _number(0.01, 10.0),
                                     "seconds between query-migrate polls (0.01 to 10)"),
+    "stall-timeout": LivemigSetting(10.0, _number(0, 3600),
+                                    "seconds with no migration bytes moving before the "
+                                    "switchover after which the migration is cancelled and "
+                                    "the throttle dropped (a dead link); 0: off. 10 s: a "
+                                    "live link moves bytes every poll, and TCP's first "
+                                    "retransmissions are over well within it"),
     "throttle": LivemigSetting("off", _choice(
         "off", "auto-converge", "reference", "direct", "staged", "converge", "dirty-limit"),
         "off|auto-converge|reference|direct|staged|converge|dirty-limit"),

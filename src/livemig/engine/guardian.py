@@ -147,7 +147,7 @@ async def repair_ends(src: Any, dst: Any, spec: dict[str, Any]) -> dict[str, Any
             act("destination proven corrupt: left paused")
         if refused or not (status == "completed" and await _resume_destination(dst, act)):
             st = (await src.cmd("query-status")).get("status")
-            if st in RUNNABLE_PAUSED:
+            if st in RUNNABLE_PAUSED and await _destination_stopped(dst, act):
                 await src.cmd("cont")
                 act(f"source cont (was {st})")
         if spec.get("block_job"):  # the lab's disk mirror
@@ -169,6 +169,28 @@ async def repair_ends(src: Any, dst: Any, spec: dict[str, Any]) -> dict[str, Any
                 r = await restore(end, EndSettings.from_dict(spec[key]))
                 act(f"{end.name}: restored {r}")
     return done
+
+
+async def _destination_stopped(dst: Any, act: Any) -> bool:
+    """The split-brain guard: the source resumes only if the destination does not
+    run the guest (``stop`` clears autostart on one still loading). An unreachable
+    destination counts as stopped: the guardian cannot see it, and a source left
+    paused would leave no guest running anywhere in the far likelier case that the
+    destination never loaded."""
+    if dst is None:
+        return True
+    try:
+        st = (await dst.cmd("query-status")).get("status")
+        if st != "running":  # never stop a guest that runs: it is the VM now
+            with contextlib.suppress(LivemigError):
+                await dst.cmd("stop")
+            st = (await dst.cmd("query-status")).get("status")
+    except LivemigError:
+        return True
+    if st == "running":
+        act("destination runs the guest: source left paused (split-brain guard)")
+        return False
+    return True
 
 
 async def _resume_destination(dst: Any, act: Any) -> bool:

@@ -174,7 +174,9 @@ class Engine:
         self.events.say("migration started")
         mon = Monitor(self.src, self.events, float(self.neg.resolved.livemig["poll-interval"]),
                       self.s.t_migrate, p.max_time, self.interrupt, self.controller,
-                      self.hooks, self.timeline, dst=self.dst)
+                      self.hooks, self.timeline, dst=self.dst,
+                      stall_timeout=float(self.neg.resolved.livemig["stall-timeout"]),
+                      release=self._release_controls)
         end = await mon.run()
         self.s.final = end.info
         await self._release_controls()
@@ -304,10 +306,34 @@ class Engine:
             await asyncio.sleep(0.05)
         return info
 
+    async def _destination_held(self) -> bool:
+        """The split-brain guard, before the source resumes: True once the
+        destination is confirmed not running. A destination not running gets
+        ``stop``: on a QEMU still loading (``inmigrate``) that only clears autostart,
+        so one started without ``-S`` cannot start by itself should its load finish
+        late. A running one is never stopped: it is the VM now."""
+        if not self.dst.alive():
+            return True
+        try:
+            status = (await self.dst.cmd("query-status")).get("status")
+            if status != "running":
+                with contextlib.suppress(VMError):
+                    await self.dst.cmd("stop")
+                status = (await self.dst.cmd("query-status")).get("status")
+        except (LivemigError, OSError):
+            return not self.dst.alive()  # unreachable but alive: not confirmed
+        return bool(status != "running")
+
     async def _source_runs(self) -> None:
         """After a cancel or failure: the source must run (``cont`` if QEMU left it
-        paused after a failed switchover)."""
+        paused after a failed switchover) — unless the destination runs the guest."""
         after: dict[str, Any] = {"running": False}
+        if not await self._destination_held():
+            after["error"] = ("the destination runs the guest (or cannot be confirmed "
+                              "stopped): the source is left as it is (split-brain guard)")
+            self.events.event("source not resumed", **after)
+            self.s.source_after = after
+            return
         try:
             status = (await self.src.cmd("query-status")).get("status")
             if status in ("postmigrate", "paused", "finish-migrate"):
