@@ -517,3 +517,29 @@ def test_guardian_split_brain_guard_leaves_the_source_paused_if_dst_runs():
     done = asyncio.run(repair_ends(src, dst, _spec(src, dst)))
     assert not src.called("cont"), done
     assert any("split-brain" in a for a in done["actions"])
+
+
+def test_guardian_starts_before_the_first_setting_is_changed(tmp_path, monkeypatch):
+    from livemig.engine import guardian
+
+    src, dst = _completed_ends()
+    seen = []
+
+    class Handle:
+        def tell(self, word):
+            pass
+
+        def dismiss(self):
+            seen.append("dismissed")
+
+    def start(spec, directory):
+        seen.append(("started", len(src.called("migrate-set-capabilities")),
+                     len(src.called("migrate-set-parameters"))))
+        return Handle()
+
+    monkeypatch.setattr(guardian, "start", start)
+    plan = Plan(URI, settings=(("downtime-limit", "500"), ("multifd", "on"), *FAST),
+                profile="defaults").validate()
+    rec = run(Engine(src, dst, plan, guardian_dir=tmp_path))
+    assert rec.outcome == "completed"
+    assert seen == [("started", 0, 0), "dismissed"]

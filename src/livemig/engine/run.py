@@ -157,10 +157,10 @@ class Engine:
             int(self.neg.parameters.get("downtime-limit", params.get("downtime-limit", 300))),
             lambda what, data: self.events.event(what, **data),
             disk_link=self.hooks.disk_link(), ram_cap=p.bandwidth, qemu_commands=commands)
+        if self.guardian_dir is not None:  # before the first setting is changed
+            self._guardian = guardian.start(self._guardian_spec(), self.guardian_dir)
         await apply(self.src, self.dst, self.neg)
         self.events.event("settings applied", **self.neg.resolved.as_dict())
-        if self.guardian_dir is not None:
-            self._guardian = guardian.start(self._guardian_spec(), self.guardian_dir)
         await self._incoming()
         self.events.event("phase warmup")
         await self.hooks.warmup()
