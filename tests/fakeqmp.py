@@ -35,6 +35,7 @@ class FakeEnd:
         self.dead = False
         self.ram_file: Path | None = None
         self.pid: int | None = None
+        self.autostart = True
 
     def alive(self) -> bool:
         return not self.dead
@@ -94,6 +95,12 @@ class FakeEnd:
             return {"status": self.status, "running": self.status == "running"}
         if command == "cont":
             self.status = "running"
+            return {}
+        if command == "stop":  # QEMU: on an incoming VM, only autostart is cleared
+            if self.status == "inmigrate":
+                self.autostart = False
+            elif self.status == "running":
+                self.status = "paused"
             return {}
         if command == "x-query-ram-digest":
             if "x-query-ram-digest" not in self.commands:

@@ -17,10 +17,11 @@ from conftest import INITRD, KERNEL, QEMU
 
 def start_qemu(d: Path, name: str, workload: str, incoming: bool = False,
                paused: bool = False, memory: str = "256M", qemu: Path | None = None,
-               mem_file: Path | None = None) -> subprocess.Popen[bytes]:
+               mem_file: Path | None = None,
+               extra: list[str] | None = None) -> subprocess.Popen[bytes]:
     """A minimal QEMU command line: anonymous RAM (or ``mem_file``, shared), the lab's
     kernel/initrd, the guest agent's port on a socket the test can read (nobody else
-    connects to it)."""
+    connects to it); ``extra`` arguments at the end."""
     machine = ["-machine", "q35"]
     if mem_file is not None:
         machine = ["-machine", "q35,memory-backend=ram0", "-object",
@@ -39,6 +40,7 @@ def start_qemu(d: Path, name: str, workload: str, incoming: bool = False,
         argv += ["-incoming", "defer"]
     if paused:
         argv += ["-S"]
+    argv += extra or []
     log = open(d / f"{name}.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -230,3 +230,79 @@ def test_attach_dst_start_from_the_source_command_line(tmp_path):
         if dst_pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(dst_pid, signal.SIGKILL)
+
+
+def _ram_backend(kind: str, size: str, path: Path | None = None) -> list[str]:
+    """Guest RAM as a named backend (the RAM block is then ``ram0`` on both ends)."""
+    obj = (f"memory-backend-file,id=ram0,size={size},mem-path={path},share=on"
+           if path is not None else f"memory-backend-ram,id=ram0,size={size}")
+    return ["-object", obj, "-machine", "memory-backend=ram0"]
+
+
+def test_attach_corrupt_destination_never_runs_source_resumes(tmp_path):
+    """The destination's RAM holds stale bytes before the migration (its RAM is a
+    shared file the test writes into, as a reused backing file would): with multifd,
+    QEMU does not rewrite a page the source reports as zero and the destination
+    never received, so those pages stay wrong. The RAM digest names them; livemig
+    fails the migration (exit 4), keeps the destination paused (and alive: livemig
+    did not start it), resumes the source, whose workload progresses, and puts
+    every setting back."""
+    src_qmp = tmp_path / "src.qmp"
+    if not has_command_at_start(tmp_path):
+        pytest.skip("stock QEMU: no x-query-ram-digest, RAM not verified")
+    ram = Path("/dev/shm") / f"livemig-test-{os.getpid()}-{time.monotonic_ns()}.ram"
+    procs = []
+    try:
+        src = start_qemu(tmp_path, "src", WORKLOAD, extra=_ram_backend("ram", "256M"))
+        dst = start_qemu(tmp_path, "dst", WORKLOAD, incoming=True, paused=True,
+                         extra=_ram_backend("file", "256M", ram))
+        procs += [src, dst]
+        time.sleep(4)  # the guest boots and its workload starts
+        # one stale byte in each MiB of the destination's RAM
+        with open(ram, "r+b") as f:
+            for mib in range(256):
+                f.seek((mib << 20) + 0x801)
+                f.write(b"\x5a")
+        caps_before = qmp(src_qmp, "query-migrate-capabilities")
+        params_before = qmp(src_qmp, "query-migrate-parameters")
+        report = tmp_path / "r.json"
+        proc = subprocess.run(attach(src_qmp, tmp_path / "dst.qmp", report, "--profile",
+                                     "defaults", "--set", "multifd=on", "--max-time", "120",
+                                     "-q"), capture_output=True, text=True, timeout=300)
+        sys.stdout.write(proc.stdout + proc.stderr[-3000:])
+        rep = json.loads(report.read_text())
+        assert proc.returncode == 4, rep.get("reason")
+        assert rep["outcome"] == "failed"
+        detail = rep["consistency"]["ram_detail"]
+        assert rep["consistency"]["ram"] == "mismatch" and detail["method"] == "digest"
+        assert detail["mismatched_pages"] > 0
+        first = detail["first_mismatches"]
+        assert 0 < len(first) <= 16
+        assert all(int(a, 16) & 0xFFFFF == 0 for a in first)  # the pages written into
+        assert first[0] in rep["reason"] and "differs from the source" in rep["reason"]
+        assert "migration failed" in proc.stderr
+        # the destination was never resumed, and is still there; the source runs
+        assert dst.poll() is None and src.poll() is None
+        assert qmp(tmp_path / "dst.qmp", "query-status")["status"] != "running"
+        assert qmp(src_qmp, "query-status")["status"] == "running"
+        assert rep["source_after"]["running"] is True
+        assert guest_progress(tmp_path / "src.agent") > 0
+        assert qmp(src_qmp, "query-migrate-capabilities") == caps_before
+        assert qmp(src_qmp, "query-migrate-parameters") == params_before
+        assert throttle_left(src_qmp) == 0
+    finally:
+        for p in procs:
+            stop(p)
+        with contextlib.suppress(FileNotFoundError):
+            ram.unlink()
+
+
+def has_command_at_start(d: Path) -> bool:
+    """Whether the QEMU under test has the RAM digest (asked of a throwaway QEMU)."""
+    probe = d / "probe"
+    probe.mkdir()
+    p = start_qemu(probe, "probe", "idle", incoming=True, paused=True)
+    try:
+        return has_command(probe / "probe.qmp", "x-query-ram-digest")
+    finally:
+        stop(p)

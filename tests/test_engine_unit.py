@@ -318,3 +318,228 @@ def test_switchover_drain_off_and_on():
         _negotiated("upstream-plain", {"switchover-drain": "on"}, patched=False)
     with pytest.raises(UsageError, match="bad --set switchover-drain"):
         _negotiated("livemig", {"switchover-drain": "maybe"}, patched=True)
+
+
+# -- a corrupt destination never runs -------------------------------------------------
+def _completed_ends(**kw):
+    src, dst = ends(**kw)
+    dst.events.append({"event": "MIGRATION", "data": {"status": "completed"},
+                       "timestamp": {"seconds": 1, "microseconds": 0}})
+    dst.commands.add("blockdev-set-active")
+    return src, dst
+
+
+def test_ram_mismatch_fails_keeps_destination_paused_and_resumes_source():
+    src, dst = _completed_ends()
+    before_src = (dict(src.caps), dict(src.params))
+    orig = dst.cmd
+
+    async def corrupt_on_load(command, **args):  # the destination loaded a bad page
+        if command == "x-query-ram-digest" and not dst.called("x-query-ram-digest"):
+            dst.ram["pc.ram"][0x200010] ^= 0x40
+        return await orig(command, **args)
+
+    dst.cmd = corrupt_on_load  # type: ignore[method-assign]
+    plan = Plan(URI, settings=(("downtime-limit", "500"), *FAST), profile="defaults")
+    rec = run(Engine(src, dst, plan.validate()))
+    assert rec.outcome == "failed"
+    assert rec.ram is not None and rec.ram.result == "mismatch"
+    assert "0x200000" in (rec.reason or "") and "1 pages" in (rec.reason or "")
+    assert not dst.called("cont") and dst.status != "running"
+    assert dst.called("blockdev-set-active") == [{"active": False}]
+    assert src.called("cont") and src.status == "running"
+    assert rec.source_after == {"running": True, "status": "running"}
+    assert (src.caps, src.params) == before_src and dst.params["downtime-limit"] == 300
+    assert rec.t_cont is None
+
+
+def test_disk_mismatch_from_a_hook_fails_the_same_way():
+    from livemig.engine.run import Hooks
+
+    class DiskBad(Hooks):
+        async def verify_more(self):
+            return "destination disk differs from the source in 1 blocks (first: 0x1000)"
+
+    src, dst = _completed_ends()
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults").validate(),
+                     hooks=DiskBad()))
+    assert rec.outcome == "failed" and "disk differs" in (rec.reason or "")
+    assert rec.ram is not None and rec.ram.result == "ok"
+    assert not dst.called("cont") and src.status == "running"
+
+
+def test_identical_ram_still_resumes_the_destination_not_the_source():
+    src, dst = _completed_ends()
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults").validate()))
+    assert rec.outcome == "completed" and dst.status == "running"
+    assert not src.called("cont") and not dst.called("blockdev-set-active")
+
+
+def test_resume_corrupt_is_the_verify_inject_debug_path_only():
+    src, dst = _completed_ends()
+    dst.ram["pc.ram"][5] ^= 1
+    plan = Plan(URI, settings=FAST, profile="defaults", resume_corrupt=True).validate()
+    rec = run(Engine(src, dst, plan))
+    assert rec.outcome == "completed" and rec.ram is not None and rec.ram.result == "mismatch"
+    assert dst.status == "running"
+
+
+def test_drill_down_is_capped_however_much_differs():
+    from livemig.engine.verify import MAX_DRILLED, MAX_REPORTED
+
+    src, dst = ends(ram_size=64 << 20)
+    src.status = dst.status = "paused"
+    for off in range(0, 64 << 20, 1 << 20):  # every 1 MiB chunk differs, 2 pages each
+        dst.ram["pc.ram"][off] ^= 1
+        dst.ram["pc.ram"][off + 0x5000] ^= 1
+    v = asyncio.run(compare_digests(src, dst, chunk=1 << 20))
+    drills = [a for a in src.called("x-query-ram-digest") if "block" in a]
+    assert len(drills) == MAX_DRILLED
+    assert v.mismatched_chunks == 64 and v.capped
+    assert v.mismatched_pages == 2 * MAX_DRILLED
+    assert len(v.first_mismatches) == MAX_REPORTED
+    assert v.as_dict()["pages_counted_in_first_chunks"] == MAX_DRILLED
+    from livemig.engine.run import mismatch_reason
+
+    reason = mismatch_reason(v, None) or ""
+    assert "or more" in reason and reason.count("0x") == 4 and reason.endswith(", ...)")
+
+
+def test_guardian_told_of_a_corrupt_destination_resumes_the_source():
+    from livemig.engine.guardian import REFUSE_DESTINATION
+
+    src, dst = ends(statuses=["completed"])
+    src.migrating = True
+    src.status, dst.status = "postmigrate", "paused"
+    dst.migrating, dst.statuses = True, ["completed"]
+    spec = {**_spec(src, dst), REFUSE_DESTINATION: True}
+    asyncio.run(repair_ends(src, dst, spec))
+    assert not dst.called("cont") and dst.status == "paused"
+    assert src.called("cont") and src.status == "running"
+
+
+@pytest.mark.parametrize("outcome,ram,rc", [
+    ("failed", "mismatch", 4), ("failed", "skipped", 1), ("completed", "mismatch", 4),
+    ("completed", "ok", 0), ("aborted", "skipped", 3)])
+def test_exit_status_says_a_mismatch_was_found_whatever_the_outcome(outcome, ram, rc):
+    from livemig.cli import finish_run
+
+    rep = {"outcome": outcome, "reason": "x", "consistency": {"ram": ram, "disk": "skipped"}}
+    assert finish_run(rep, None, "") == rc
+
+
+# -- stalls, timeouts, the split-brain guard ------------------------------------------
+def test_stall_watch_cancels_only_when_nothing_moves_before_switchover():
+    from livemig.engine.stall import StallWatch
+
+    w = StallWatch(5.0)
+    assert w.feed(0.0, "active", 100) is None
+    assert w.feed(4.9, "active", 100) is None
+    assert "no migration bytes moved for 5s" in (w.feed(5.0, "active", 100) or "")
+    w = StallWatch(5.0)
+    for t in range(20):  # bytes move every poll: never a stall
+        assert w.feed(float(t), "active", 100 + t) is None
+    assert w.feed(30.0, "active", 119, disk_remaining=5) is None  # the disk moved
+    assert w.feed(31.0, "device", 119) is None and w.feed(99.0, "device", 119) is None
+    assert StallWatch(0).feed(0.0, "active", 1) is None
+    assert StallWatch(0).feed(1e6, "active", 1) is None  # off
+
+
+def test_stalled_migration_is_cancelled_throttle_dropped_source_runs():
+    src, dst = ends(statuses=["active"])
+    src.commands.add("cancel-cpu-throttle")
+    orig = src.cmd
+
+    async def frozen(command, **args):  # the link is dead: transferred never moves
+        return await orig(command, **args)
+
+    src.cmd = frozen  # type: ignore[method-assign]
+    plan = Plan(URI, settings=(*FAST, ("stall-timeout", "0.1")), profile="defaults")
+    rec = run(Engine(src, dst, plan.validate()))
+    assert rec.outcome == "aborted" and "stalled" in (rec.reason or "")
+    names = [c for c, _ in src.log]
+    assert "cancel-cpu-throttle" in names
+    assert names.index("cancel-cpu-throttle") < names.index("migrate_cancel")
+    assert src.status == "running" and not dst.called("cont")
+
+
+def test_destination_that_never_finishes_loading_fails_and_source_resumes(monkeypatch):
+    import livemig.engine.run as engine_run
+
+    monkeypatch.setattr(engine_run, "DST_LOAD_TIMEOUT_S", 0.2)
+    src, dst = ends()  # no MIGRATION completed event from the destination
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults").validate()))
+    assert rec.outcome == "failed" and "did not finish loading" in (rec.reason or "")
+    assert dst.called("stop") and dst.autostart is False  # cannot start by itself later
+    assert not dst.called("cont") and src.status == "running"
+
+
+def test_split_brain_guard_keeps_the_source_paused_if_the_destination_runs(monkeypatch):
+    import livemig.engine.run as engine_run
+
+    monkeypatch.setattr(engine_run, "DST_LOAD_TIMEOUT_S", 0.2)
+    src, dst = ends()
+    orig = dst.cmd
+
+    async def autostarted(command, **args):  # no -S: it started by itself
+        if command == "query-status":
+            dst.status = "running"
+        return await orig(command, **args)
+
+    dst.cmd = autostarted  # type: ignore[method-assign]
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults",
+                                    verify=False).validate()))
+    assert rec.outcome == "failed"
+    assert not src.called("cont") and src.status == "postmigrate"
+    assert rec.source_after is not None and "split-brain" in rec.source_after["error"]
+
+
+def test_qmp_call_without_answer_is_a_vmerror_naming_the_command(monkeypatch):
+    from livemig.engine import endpoint
+    from livemig.errors import VMError
+
+    class Silent:
+        async def execute(self, command, args):
+            await asyncio.sleep(10)
+
+    monkeypatch.setitem(endpoint.SLOW_QMP_S, "query-status", 0.05)
+    e = endpoint.Endpoint("src", "/nonexistent")
+    e.qmp = Silent()  # type: ignore[assignment]
+    with pytest.raises(VMError, match="query-status: no answer from QEMU within"):
+        asyncio.run(e.cmd("query-status"))
+    assert endpoint.qmp_timeout("x-query-ram-digest") > endpoint.qmp_timeout("query-migrate")
+
+
+def test_guardian_split_brain_guard_leaves_the_source_paused_if_dst_runs():
+    src, dst = ends(statuses=["failed"])
+    src.migrating = True
+    src.status, dst.status = "postmigrate", "running"  # dst had no -S and started
+    done = asyncio.run(repair_ends(src, dst, _spec(src, dst)))
+    assert not src.called("cont"), done
+    assert any("split-brain" in a for a in done["actions"])
+
+
+def test_guardian_starts_before_the_first_setting_is_changed(tmp_path, monkeypatch):
+    from livemig.engine import guardian
+
+    src, dst = _completed_ends()
+    seen = []
+
+    class Handle:
+        def tell(self, word):
+            pass
+
+        def dismiss(self):
+            seen.append("dismissed")
+
+    def start(spec, directory):
+        seen.append(("started", len(src.called("migrate-set-capabilities")),
+                     len(src.called("migrate-set-parameters"))))
+        return Handle()
+
+    monkeypatch.setattr(guardian, "start", start)
+    plan = Plan(URI, settings=(("downtime-limit", "500"), ("multifd", "on"), *FAST),
+                profile="defaults").validate()
+    rec = run(Engine(src, dst, plan, guardian_dir=tmp_path))
+    assert rec.outcome == "completed"
+    assert seen == [("started", 0, 0), "dismissed"]

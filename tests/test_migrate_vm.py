@@ -80,10 +80,43 @@ def test_corrupted_destination_page_is_caught(tmp_path):
                     env={"LIVEMIG_ALLOW_FAULT_INJECTION": "1"})
     rep = r.report
     assert r.rc == 4
+    assert rep["outcome"] == "failed"
     assert rep["consistency"]["ram"] == "mismatch"
     detail = rep["consistency"]["ram_detail"]
     assert detail["mismatched_pages"] == 1
     assert detail["first_mismatches"] == [f"{addr & ~0xFFF:#x}"]
+
+
+def test_corrupt_destination_never_runs_and_the_checked_guest_runs_on(tmp_path):
+    """A byte of a block the guest's checker stamped, flipped in the paused
+    destination: the comparison names that page, the migration fails (exit 4), the
+    destination is never resumed and is gone, the source resumes with its workload
+    progressing, and the guest's own checker finds nothing wrong on the source."""
+    rid = new_run_id()
+    r = run_migrate(tmp_path, "--memory", MEM, "--run-id", rid, "--profile", "defaults",
+                    "--workload", "verify:mem=32M+mem:size=64M,rate=16M",
+                    "--set", "warmup=1", "--set", "settle=4",
+                    "--inject-fault", "ram-stamped@3",
+                    env={"LIVEMIG_ALLOW_FAULT_INJECTION": "1"})
+    rep = r.report
+    assert r.rc == 4, rep.get("reason")
+    assert rep["outcome"] == "failed"
+    injected = rep["settings"]["faults"][0]
+    page = f"{int(injected['address'], 16) & ~0xFFF:#x}"
+    assert rep["consistency"]["ram"] == "mismatch"
+    assert rep["consistency"]["ram_detail"]["first_mismatches"] == [page]
+    assert page in rep["reason"] and "differs from the source" in rep["reason"]
+    names = [e["event"] for e in rep["events"]]
+    assert "destination after" in names
+    dst_after = next(e for e in rep["events"] if e["event"] == "destination after")
+    assert dst_after["status"] != "running"  # held, never resumed
+    assert rep["downtime_ms"] is None  # not a completed migration
+    after = rep["source_after"]
+    assert after["running"] is True and after["status"] == "running"
+    assert after["workload_rate"] is not None and after["workload_rate"] > 0
+    assert after["destination_alive"] is False
+    assert rep["consistency"]["guest"] == "ok", rep["consistency"]["guest_errors"]
+    assert qemu_pids(rid) == []
 
 
 def test_dead_destination_fails_and_source_keeps_running(tmp_path):
@@ -240,6 +273,7 @@ def test_corrupted_destination_page_is_named_by_the_ram_digest(tmp_path):
         assert "x-query-ram-digest" in detail["why"]
         pytest.xfail("stock QEMU: no x-query-ram-digest")
     assert r.rc == 4
+    assert r.report["outcome"] == "failed"
     assert detail["method"] == "digest"
     assert detail["mismatched_pages"] == 1
     assert detail["first_mismatches"] == [f"{addr & ~0xFFF:#x}"]

@@ -72,11 +72,17 @@ def test_corrupted_destination_disk_block_is_named(tmp_path):
                     env=FAULTS)
     rep = r.report
     assert r.rc == 4, rep.get("reason")
+    # a destination whose disk differs never runs: the migration failed, the source
+    # (its own image intact) runs on
+    assert rep["outcome"] == "failed"
     assert rep["consistency"]["ram"] == "ok"
     assert rep["consistency"]["disk"] == "mismatch"
     detail = rep["consistency"]["disk_detail"]
     assert detail["mismatched_blocks"] == 1
     assert detail["first_mismatches"] == [f"{offset & ~0xFFF:#x}"]
+    assert f"{offset & ~0xFFF:#x}" in rep["reason"]
+    assert rep["source_after"]["running"] is True
+    assert rep["source_after"]["workload_rate"] > 0
 
 
 def test_killed_run_is_repaired_by_testbed_down(tmp_path):

@@ -26,11 +26,13 @@ from livemig.engine.endpoint import (
     socket_peer_pid,
 )
 from livemig.engine.events import EventStream
+from livemig.engine.negotiate import read
 from livemig.engine.plan import Plan
 from livemig.engine.record import MigrationRecord
 from livemig.engine.run import Engine
 from livemig.errors import UsageError, VMError
 from livemig.report import AttachFacts
+from livemig.settings import resolve
 
 CONNECT_TIMEOUT_S = 10.0
 
@@ -113,6 +115,8 @@ async def run_attach(src_qmp: Path, dst_qmp: Path | None, plan: Plan, events: Ev
     started: subprocess.Popen[bytes] | None = None
     rec: MigrationRecord | None = None
     try:
+        now = await read(src)  # --set checked against the source before anything starts
+        resolve(plan.wanted, now.capabilities, now.parameters)
         if dst_qmp is None:
             dst, started = await _start_destination(src, gdir)
             events.event("destination started", argv=started.args, pid=started.pid)

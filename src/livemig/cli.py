@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import re
 import signal
@@ -12,15 +13,15 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from livemig import __version__
+from livemig import __version__, qemucaps
 from livemig.accel import choose_accel
-from livemig.engine.plan import Plan
+from livemig.engine.plan import DEFAULT_MAX_TIME_S, Plan
 from livemig.errors import FaultInjectionRefused, LivemigError, UsageError
 from livemig.lab import qemutrace
 from livemig.lab.leftovers import reap
 from livemig.lab.net import parse_net
 from livemig.lab.run import FAULT_KINDS, Fault, LabRun, MigrateOptions
-from livemig.paths import default_qemu, ensure_root
+from livemig.paths import default_qemu, ensure_root, require_file
 from livemig.progress import Progress
 from livemig.report import build_report, summary, write_report
 from livemig.settings import LIVEMIG_SETTINGS, PROFILES, merge, parse_sets
@@ -80,8 +81,12 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a QEMU capability/parameter or livemig setting "
                         "(repeatable)")
-    m.add_argument("--max-time", type=float, help="cancel if not done after SECONDS "
-                   "(the source keeps running)")
+    m.add_argument("--max-time", type=_max_time, default=DEFAULT_MAX_TIME_S,
+                   metavar="SECONDS", help="cancel if not done after SECONDS (the source "
+                   f"keeps running); default {DEFAULT_MAX_TIME_S:g}: a full pass of a 64 "
+                   "GiB guest at 1 Gbit/s takes about 9 minutes, and a migration still "
+                   "running after 15 is not converging but keeps the guest throttled; "
+                   "'none': no limit")
     m.add_argument("--report", type=Path, help="write the JSON report here")
     m.add_argument("--qemu", type=Path, help="QEMU binary (default build/qemu/...)")
     m.add_argument("--accel", default="auto", help="auto|kvm|tcg (default auto)")
@@ -154,7 +159,7 @@ def _build_parser() -> argparse.ArgumentParser:
     v.add_argument("--inject", metavar="KIND", help="corrupt every migration's "
                    "destination on purpose: ram-stamped or disk-stamped (needs "
                    f"{FAULT_ENV}=1)")
-    v.add_argument("--max-time", type=float, default=180.0,
+    v.add_argument("--max-time", type=_max_time, default=180.0,
                    help="per migration, seconds (default 180)")
     v.add_argument("--report", type=Path, help="write the JSON summary here")
     v.add_argument("--qemu", type=Path, help="QEMU binary (default build/qemu/...)")
@@ -195,8 +200,10 @@ between two libvirt daemons instead, through libvirt's API, with the profile app
 through libvirt's migration parameters and the monitor passthrough (README: libvirt).
 
 exit status: 0 completed and consistent, 1 failed, 2 bad usage, 3 aborted
-(--max-time or Ctrl-C; the source keeps running), 4 completed with a consistency
-mismatch.
+(--max-time or Ctrl-C; the source keeps running), 4 a consistency mismatch was
+found: the migration failed, the destination never ran, the source runs on (lab
+and attach runs; libvirt: a copied disk that differs is held paused on the
+destination).
 
 Attach run: livemig migrate --src-qmp SRC.sock --dst-qmp DST.sock --uri tcp:HOST:PORT
 migrates a VM livemig did not start: the source any running QEMU, the destination a
@@ -215,6 +222,28 @@ link). Every migration also compares RAM (and the disk when copied) exactly.
 exit status: 0 every migration completed with no mismatch (and, with --inject, every
 fault detected), 1 a migration failed, 2 bad usage, 4 a mismatch was found or an
 injected fault went undetected."""
+
+
+def _max_time(text: str) -> float | None:
+    """``--max-time``: a number of seconds, or ``none``; its range is checked with
+    the plan (:meth:`Plan.validate`: finite and positive)."""
+    if text.strip().lower() in ("none", "off"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds, or none") from None
+
+
+def host_memory() -> int | None:
+    """This host's RAM in bytes (MemTotal), or None if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _trace_events(names: list[str]) -> tuple[str, ...]:
@@ -253,10 +282,15 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
     memory = parse_size(a.memory, "--memory")
     if memory < 128 << 20 or memory % (1 << 20):
         raise UsageError("--memory must be a whole number of MiB, at least 128M")
+    host = host_memory()
+    if host is not None and memory > host:
+        raise UsageError(f"--memory {a.memory}: more than this host's RAM "
+                         f"({host / (1 << 30):.1f} GiB)")
+    disk_size = parse_size(a.disk_size, "--disk-size")
+    if disk_size < 1 << 20:
+        raise UsageError("--disk-size must be at least 1M")
     if not 1 <= a.vcpus <= 64:
         raise UsageError("--vcpus must be in 1..64")
-    if a.max_time is not None and a.max_time <= 0:
-        raise UsageError("--max-time must be positive")
     sets = parse_sets(a.set)
     wanted = merge(a.profile, sets)
     opts = MigrateOptions(
@@ -264,7 +298,7 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         bandwidth=parse_size(a.bandwidth, "--bandwidth") if a.bandwidth else None,
         profile=a.profile, wanted=wanted, max_time=a.max_time,
         verify=not a.no_verify, faults=_parse_faults(a.inject_fault),
-        disk_size=parse_size(a.disk_size, "--disk-size"),
+        disk_size=disk_size,
         keep_run_dir=a.keep_run_dir, run_id=a.run_id,
         testbed=a.link.strip().lower() != "local",
         link=None if a.link.strip().lower() == "local" else parse_link_rate(a.link),
@@ -287,7 +321,11 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         raise UsageError(f"--report {a.report} is a directory")
     choice = choose_accel(a.accel)
     opts.accel, opts.accel_reason = choice.name, choice.reason
-    opts.plan()  # the whole plan validated before anything boots
+    plan = opts.plan()  # the whole plan validated before anything boots
+    # every --set key and value against what this QEMU binary offers (cached per
+    # binary): a typo fails here, not after two guests booted
+    require_file(opts.qemu, "QEMU binary", "run 'make setup' or pass --qemu")
+    qemucaps.check_settings(opts.qemu, plan.wanted)
     return opts
 
 
@@ -313,23 +351,22 @@ def _attach_plan(a: argparse.Namespace) -> Plan:
 
 def finish_run(report: dict[str, Any], path: Path | None, text: str, logs: str = "") -> int:
     """Write the report, print the summary, and map the outcome to the exit status
-    (0 completed and consistent, 1 failed, 3 aborted, 4 a consistency mismatch); the
-    same for lab, attach and libvirt runs."""
+    (0 completed and consistent, 1 failed, 3 aborted, 4 a consistency mismatch was
+    found, whatever the outcome); the same for lab, attach and libvirt runs."""
     if path:
         write_report(report, path)
     print(text)
     if path:
         print(f"report           {path}")
-    if report["outcome"] == "failed":
-        print(f"livemig: migration failed: {report['reason']}{logs}", file=sys.stderr)
-        return 1
-    if report["outcome"] == "aborted":
-        return EXIT_ABORTED
     cons = report["consistency"]
     assert isinstance(cons, dict)
-    if "mismatch" in (cons.get("ram"), cons.get("disk"), cons.get("guest")):
-        return EXIT_MISMATCH
-    return 0
+    mismatch = "mismatch" in (cons.get("ram"), cons.get("disk"), cons.get("guest"))
+    if report["outcome"] == "failed":
+        print(f"livemig: migration failed: {report['reason']}{logs}", file=sys.stderr)
+        return EXIT_MISMATCH if mismatch else 1
+    if report["outcome"] == "aborted":
+        return EXIT_ABORTED
+    return EXIT_MISMATCH if mismatch else 0
 
 
 def cmd_attach(a: argparse.Namespace) -> int:
@@ -439,6 +476,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
         return 0
     if a.rounds < 1:
         raise UsageError("--rounds must be at least 1")
+    if a.max_time is None or not (math.isfinite(a.max_time) and a.max_time > 0):
+        raise UsageError("--max-time must be a positive number of seconds")
     names = list(COMBINATIONS)
     if a.combinations:
         names = [n.strip() for n in a.combinations.split(",") if n.strip()]

@@ -12,12 +12,14 @@ session, independent of livemig.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from livemig import private
 from livemig.errors import UsageError, VMError
 
 DROP_WITH_ARG = {"-incoming", "-pidfile"}
@@ -81,12 +83,13 @@ def _renamer(name: str, moved: Callable[[str], str]) -> Callable[[re.Match[str]]
 
 def start(argv: list[str], run_dir: Path, timeout: float = 30.0) -> subprocess.Popen[bytes]:
     """Start the destination in its own session; wait for its QMP socket."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private.make_dir(run_dir)
     qmp = Path(argv[argv.index("-qmp") + 1].split(",")[0].removeprefix("unix:"))
-    with open(run_dir / "dst.log", "wb") as log:
+    with os.fdopen(private.open_file(run_dir / "dst.log"), "wb") as log:
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    umask=private.CHILD_UMASK)
         except OSError as e:
             raise VMError(f"--dst-start: cannot run {argv[0]}: {e.strerror}") from e
     deadline = time.monotonic() + timeout

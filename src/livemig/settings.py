@@ -11,6 +11,7 @@ patched and a stock QEMU are both handled and a typo is caught:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,16 +74,38 @@ def _bytes(value: str) -> int:
     return parse_size(value, "size")
 
 
+def _number(lo: float, hi: float, kind: Callable[[str], Any] = float
+            ) -> Callable[[str], Any]:
+    """A finite number in [lo, hi] (``nan``, ``inf`` and out-of-range values are
+    refused: a poll interval of 0 would spin, a negative one would never wait)."""
+    def conv(value: str) -> Any:
+        x = kind(value)
+        if not math.isfinite(x) or not lo <= x <= hi:
+            raise ValueError(value)
+        return x
+    return conv
+
+
 LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
-    "warmup": LivemigSetting(3.0, float, "seconds of workload measured before migrating"),
-    "settle": LivemigSetting(2.0, float, "seconds the guest is observed after the end"),
-    "poll-interval": LivemigSetting(0.25, float, "seconds between query-migrate polls"),
+    "warmup": LivemigSetting(3.0, _number(0, 3600),
+                             "seconds of workload measured before migrating (0 to 3600)"),
+    "settle": LivemigSetting(2.0, _number(0, 3600),
+                             "seconds the guest is observed after the end (0 to 3600)"),
+    "poll-interval": LivemigSetting(0.25, _number(0.01, 10.0),
+                                    "seconds between query-migrate polls (0.01 to 10)"),
+    "stall-timeout": LivemigSetting(10.0, _number(0, 3600),
+                                    "seconds with no migration bytes moving before the "
+                                    "switchover after which the migration is cancelled and "
+                                    "the throttle dropped (a dead link); 0: off. 10 s: a "
+                                    "live link moves bytes every poll, and TCP's first "
+                                    "retransmissions are over well within it"),
     "throttle": LivemigSetting("off", _choice(
         "off", "auto-converge", "reference", "direct", "staged", "converge", "dirty-limit"),
         "off|auto-converge|reference|direct|staged|converge|dirty-limit"),
     "downtime-ramp": LivemigSetting(False, _onoff,
                                     "raise downtime-limit while rounds do not shrink"),
-    "max-downtime": LivemigSetting(1000, int, "ceiling of the downtime ramp, ms"),
+    "max-downtime": LivemigSetting(1000, _number(1, 600_000, int),
+                                   "ceiling of the downtime ramp, ms (1 to 600000)"),
     "on-stall": LivemigSetting("force", _choice("force", "abort", "postcopy"),
                                "force|abort|postcopy when the strategy is exhausted"),
     "disk-granularity": LivemigSetting(

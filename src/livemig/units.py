@@ -21,6 +21,10 @@ def parse_size(text: str, what: str = "size") -> int:
 
 _LINK_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)\s*$", re.IGNORECASE)
 _LINK_MULT = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+# below 1 Mbit/s no guest RAM moves in useful time; above 400 Gbit/s tc's rate
+# field (64-bit bytes/s, but tbf's burst math) is out of its tested range
+MIN_LINK_BITS = 10**6
+MAX_LINK_BITS = 400 * 10**9
 
 
 def parse_link_rate(text: str) -> int | None:
@@ -30,7 +34,10 @@ def parse_link_rate(text: str) -> int | None:
     m = _LINK_RE.match(text)
     if not m:
         raise UsageError(f"bad link rate {text!r}: expected e.g. 100mbit, 1gbit, 10gbit or none")
-    return int(float(m.group(1)) * _LINK_MULT[m.group(2).lower()])
+    bits = int(float(m.group(1)) * _LINK_MULT[m.group(2).lower()])
+    if not MIN_LINK_BITS <= bits <= MAX_LINK_BITS:
+        raise UsageError(f"bad link rate {text!r}: between 1mbit and 400gbit, or none")
+    return bits
 
 
 def fmt_bytes(n: float | None) -> str:

@@ -175,6 +175,7 @@ class PingPong:
                                                           **c.sets}),
             max_time=o.max_time, qemu=o.qemu, accel=o.accel, accel_reason=o.accel_reason,
             verify=True, faults=faults, run_id=f"{self.id}-{hop.index}",
+            resume_corrupt=bool(faults),  # the guest checker must meet the fault too
             testbed=True, link=c.link, storage=c.storage, src_host=hop.src,
             dst_host=hop.dst, source=self.running, keep_destination=True,
             images=self.images, testbed_held=True,

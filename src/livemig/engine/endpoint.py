@@ -27,6 +27,24 @@ from livemig.errors import UsageError, VMError
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
+# Every QMP command has a deadline: a monitor that does not answer is a VMError naming
+# the command, never a wait without end. 30 s: a QEMU answers a query in
+# milliseconds, a TCG guest at full load within a second; longer means its main loop
+# is stuck (e.g. blocked on a dead migration link during stop-and-copy).
+QMP_TIMEOUT_S = 30.0
+# Commands that do real work while the caller waits: the RAM digest hashes all of
+# guest RAM (about 1 GiB/s per core: 600 s covers 64 GiB on a slow host); block
+# jobs and NBD nodes may wait on a network peer.
+SLOW_QMP_S: dict[str, float] = {
+    "x-query-ram-digest": 600.0,
+    "block-job-cancel": 120.0, "block-job-complete": 120.0, "blockdev-del": 120.0,
+    "blockdev-add": 120.0, "nbd-server-stop": 60.0, "human-monitor-command": 60.0,
+}
+
+
+def qmp_timeout(command: str) -> float:
+    return SLOW_QMP_S.get(command, QMP_TIMEOUT_S)
+
 
 class QmpEnd(Protocol):
     """What the engine needs from an end (a scripted fake implements it too)."""
@@ -107,8 +125,12 @@ class Endpoint:
     async def cmd(self, command: str, **args: Any) -> Any:
         if self.qmp is None:
             raise VMError(f"{self.name}: not connected")
+        limit = qmp_timeout(command)
         try:
-            return await self.qmp.execute(command, args or None)
+            return await asyncio.wait_for(self.qmp.execute(command, args or None), limit)
+        except TimeoutError:
+            raise VMError(f"{self.name}: {command}: no answer from QEMU within "
+                          f"{limit:.0f}s") from None
         except QMPError as e:
             raise VMError(f"{self.name}: {command}: {e}") from e
         except (OSError, EOFError) as e:

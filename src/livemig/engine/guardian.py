@@ -10,7 +10,8 @@ the next client once livemig's connection is gone) and makes it right:
   was left paused);
 - completed: the destination runs (``cont``: it was started with ``-S`` and the
   source is stopped, so otherwise no guest would run anywhere); if the destination
-  did not load, the source runs instead;
+  did not load, or livemig had told the guardian it was proven corrupt
+  (:data:`REFUSE_DESTINATION`), the source runs instead;
 - no management throttle stays on (``cancel-cpu-throttle`` when QEMU has it), and
   every capability/parameter livemig changed is set back on both ends.
 
@@ -30,12 +31,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from livemig import private
 from livemig.errors import LivemigError
 
 log = logging.getLogger("livemig.guardian")
 
 CONNECT_TIMEOUT_S = 20.0
 RUNNABLE_PAUSED = ("paused", "postmigrate", "finish-migrate", "prelaunch")
+REFUSE_DESTINATION = "refuse-destination"  # the RAM/disk comparison failed: never cont dst
 
 
 class Handle:
@@ -49,6 +52,11 @@ class Handle:
     def pid(self) -> int:
         return self.proc.pid
 
+    def tell(self, word: str) -> None:
+        """A fact the repair must know should livemig die from now on."""
+        with contextlib.suppress(OSError):
+            os.write(self.wfd, word.encode() + b"\n")
+
     def dismiss(self) -> None:
         with contextlib.suppress(OSError):
             os.write(self.wfd, b"done\n")
@@ -60,12 +68,12 @@ class Handle:
 
 def start(spec: dict[str, Any], directory: Path) -> Handle:
     """Start the guardian for ``spec`` (sockets, original settings)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    private.make_dir(directory)
     spec = {**spec, "watch_pid": os.getpid()}
     spec_path = directory / "guardian.json"
-    spec_path.write_text(json.dumps(spec))
+    private.write_text(spec_path, json.dumps(spec))
     rfd, wfd = os.pipe()  # both non-inheritable; rfd becomes the child's stdin only
-    logf = open(directory / "guardian.log", "ab")  # noqa: SIM115 - handed to the child
+    logf = os.fdopen(private.open_file(directory / "guardian.log", append=True), "ab")
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "livemig.engine.guardian", str(spec_path)],
@@ -77,8 +85,9 @@ def start(spec: dict[str, Any], directory: Path) -> Handle:
     return Handle(proc, wfd)
 
 
-def _wait_for_parent() -> bool:
-    """True when livemig said ``done``; False when it died (EOF without it)."""
+def _wait_for_parent() -> tuple[bool, set[str]]:
+    """(True when livemig said ``done``, False when it died (EOF without it); the
+    words it told on the way)."""
     data = b""
     while True:
         try:
@@ -86,7 +95,8 @@ def _wait_for_parent() -> bool:
         except InterruptedError:
             continue
         if not chunk:
-            return b"done" in data
+            words = set(data.decode(errors="replace").split())
+            return "done" in words, words
         data += chunk
 
 
@@ -132,11 +142,12 @@ async def repair_ends(src: Any, dst: Any, spec: dict[str, Any]) -> dict[str, Any
                 if status in ("completed", "failed", "cancelled"):
                     break
                 await asyncio.sleep(0.05)
-        if status == "completed" and await _resume_destination(dst, act):
-            pass
-        else:
+        refused = status == "completed" and bool(spec.get(REFUSE_DESTINATION))
+        if refused:
+            act("destination proven corrupt: left paused")
+        if refused or not (status == "completed" and await _resume_destination(dst, act)):
             st = (await src.cmd("query-status")).get("status")
-            if st in RUNNABLE_PAUSED:
+            if st in RUNNABLE_PAUSED and await _destination_stopped(dst, act):
                 await src.cmd("cont")
                 act(f"source cont (was {st})")
         if spec.get("block_job"):  # the lab's disk mirror
@@ -158,6 +169,28 @@ async def repair_ends(src: Any, dst: Any, spec: dict[str, Any]) -> dict[str, Any
                 r = await restore(end, EndSettings.from_dict(spec[key]))
                 act(f"{end.name}: restored {r}")
     return done
+
+
+async def _destination_stopped(dst: Any, act: Any) -> bool:
+    """The split-brain guard: the source resumes only if the destination does not
+    run the guest (``stop`` clears autostart on one still loading). An unreachable
+    destination counts as stopped: the guardian cannot see it, and a source left
+    paused would leave no guest running anywhere in the far likelier case that the
+    destination never loaded."""
+    if dst is None:
+        return True
+    try:
+        st = (await dst.cmd("query-status")).get("status")
+        if st != "running":  # never stop a guest that runs: it is the VM now
+            with contextlib.suppress(LivemigError):
+                await dst.cmd("stop")
+            st = (await dst.cmd("query-status")).get("status")
+    except LivemigError:
+        return True
+    if st == "running":
+        act("destination runs the guest: source left paused (split-brain guard)")
+        return False
+    return True
 
 
 async def _resume_destination(dst: Any, act: Any) -> bool:
@@ -183,9 +216,11 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s guardian %(message)s")
     spec = json.loads(Path(argv[0]).read_text())
     log.info("watching livemig pid %s", spec.get("watch_pid"))
-    if _wait_for_parent():
+    finished, words = _wait_for_parent()
+    if finished:
         log.info("livemig finished normally")
         return 0
+    spec[REFUSE_DESTINATION] = REFUSE_DESTINATION in words
     log.info("livemig died: repairing")
     t0 = time.monotonic()
     try:

@@ -22,6 +22,7 @@ from livemig.engine.decision import CONTINUE, Decision, Verdict
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
 from livemig.engine.observe import Observation
+from livemig.engine.stall import StallWatch
 from livemig.errors import VMError
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,9 @@ class Monitor:
     def __init__(self, src: QmpEnd, events: EventStream, period: float, t_migrate: float,
                  max_time: float | None, interrupt: asyncio.Event,
                  policies: Policies | None, hooks: MonitorHooks,
-                 timeline: list[dict[str, Any]], dst: QmpEnd | None = None) -> None:
+                 timeline: list[dict[str, Any]], dst: QmpEnd | None = None,
+                 stall_timeout: float = 0.0,
+                 release: Callable[[], Awaitable[None]] | None = None) -> None:
         self.src = src
         self.dst = dst
         self.events = events
@@ -72,6 +75,8 @@ class Monitor:
         self.hooks = hooks
         self.timeline = timeline
         self.passes = 0
+        self.stall = StallWatch(stall_timeout)
+        self.release = release  # drops the throttle the moment a cancel is decided
 
     async def run(self) -> Terminal:
         start = time.monotonic()
@@ -97,6 +102,8 @@ class Monitor:
                     cancel_deadline = time.monotonic() + CANCEL_TIMEOUT_S
                     self.events.event("phase cancelling: " + cancelled_for)
                     self.events.say(f"cancelling: {cancelled_for}")
+                    if self.release is not None:
+                        await self.release()
                     await self.src.cmd("migrate_cancel")
                 elif verdict.decision in (Decision.FORCE, Decision.POSTCOPY):
                     self.events.say(verdict.reason)
@@ -119,6 +126,11 @@ class Monitor:
         if self.max_time and obs.t > self.max_time:
             return Verdict(Decision.CANCEL,
                            f"did not converge within --max-time {self.max_time:g}s")
+        disk = self.hooks.disk_observation() or {}
+        stalled = self.stall.feed(time.monotonic(), obs.status, obs.transferred,
+                                  disk.get("remaining"))
+        if stalled:
+            return Verdict(Decision.CANCEL, stalled)
         dead = self.hooks.destination_dead()
         if dead:
             raise VMError(dead)

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
 DST_LOAD_TIMEOUT_S = 60.0
+MISMATCH_NAMED = 4  # pages named in the one-line reason (the report lists up to 16)
 PAUSED = ("paused", "postmigrate", "finish-migrate", "prelaunch", "inmigrate")
 
 
@@ -83,7 +84,9 @@ class Hooks:
     async def before_verify(self) -> None:
         return None
 
-    async def verify_more(self) -> None:
+    async def verify_more(self) -> str | None:
+        """More comparisons with both ends frozen (the lab: the disk images); a
+        mismatch is returned as a one-line description, and fails the migration."""
         return None
 
     async def after_resume(self) -> None:
@@ -156,10 +159,10 @@ class Engine:
             int(self.neg.parameters.get("downtime-limit", params.get("downtime-limit", 300))),
             lambda what, data: self.events.event(what, **data),
             disk_link=self.hooks.disk_link(), ram_cap=p.bandwidth, qemu_commands=commands)
+        if self.guardian_dir is not None:  # before the first setting is changed
+            self._guardian = guardian.start(self._guardian_spec(), self.guardian_dir)
         await apply(self.src, self.dst, self.neg)
         self.events.event("settings applied", **self.neg.resolved.as_dict())
-        if self.guardian_dir is not None:
-            self._guardian = guardian.start(self._guardian_spec(), self.guardian_dir)
         await self._incoming()
         self.events.event("phase warmup")
         await self.hooks.warmup()
@@ -173,7 +176,9 @@ class Engine:
         self.events.say("migration started")
         mon = Monitor(self.src, self.events, float(self.neg.resolved.livemig["poll-interval"]),
                       self.s.t_migrate, p.max_time, self.interrupt, self.controller,
-                      self.hooks, self.timeline, dst=self.dst)
+                      self.hooks, self.timeline, dst=self.dst,
+                      stall_timeout=float(self.neg.resolved.livemig["stall-timeout"]),
+                      release=self._release_controls)
         end = await mon.run()
         self.s.final = end.info
         await self._release_controls()
@@ -212,7 +217,14 @@ class Engine:
                     self.src, self.dst, str(self.neg.resolved.livemig["ram-check"]) if self.neg
                     else "auto")
                 self.events.event("ram compared", **self.s.ram.as_dict())
-                await self.hooks.verify_more()
+                disk_bad = await self.hooks.verify_more()
+                bad = mismatch_reason(self.s.ram, disk_bad)
+                if bad is not None and not self.plan.resume_corrupt:
+                    await self._refuse_destination(bad)
+                    return
+                if bad is not None:
+                    self.events.event("corrupt destination resumed (resume_corrupt)",
+                                      reason=bad)
         if status in PAUSED:
             await self.dst.cmd("cont")
             self.s.t_cont = time.time()
@@ -224,6 +236,26 @@ class Engine:
         self.events.event("destination after", status=self.s.dst_status)
         if self.s.dst_status != "running":
             raise VMError(f"destination is {self.s.dst_status} after the migration")
+
+    async def _refuse_destination(self, reason: str) -> None:
+        """The destination is proven corrupt: it never runs. It stays paused (its
+        disks inactivated, so the source can take them back); the source, frozen in
+        postmigrate and intact, resumes. The caller quits a destination it started."""
+        self.s.outcome, self.s.reason = "failed", reason
+        if self._guardian is not None:  # should livemig die now: the source, not dst
+            self._guardian.tell(guardian.REFUSE_DESTINATION)
+        self.events.event("phase failed: " + reason)
+        self.events.say(f"failed: {reason}; the destination stays paused, the source "
+                        "resumes")
+        with contextlib.suppress(LivemigError, OSError):
+            if await self.dst.has_command("blockdev-set-active"):
+                await self.dst.cmd("blockdev-set-active", active=False)
+        with contextlib.suppress(LivemigError, OSError):
+            await self.hooks.after_failure()
+        await self._source_runs()
+        with contextlib.suppress(LivemigError, OSError):
+            self.s.dst_status = (await self.dst.cmd("query-status")).get("status")
+            self.events.event("destination after", status=self.s.dst_status)
 
     async def _wait_destination_done(self) -> float:
         """When the destination finished loading: QEMU's MIGRATION event timestamp,
@@ -276,10 +308,34 @@ class Engine:
             await asyncio.sleep(0.05)
         return info
 
+    async def _destination_held(self) -> bool:
+        """The split-brain guard, before the source resumes: True once the
+        destination is confirmed not running. A destination not running gets
+        ``stop``: on a QEMU still loading (``inmigrate``) that only clears autostart,
+        so one started without ``-S`` cannot start by itself should its load finish
+        late. A running one is never stopped: it is the VM now."""
+        if not self.dst.alive():
+            return True
+        try:
+            status = (await self.dst.cmd("query-status")).get("status")
+            if status != "running":
+                with contextlib.suppress(VMError):
+                    await self.dst.cmd("stop")
+                status = (await self.dst.cmd("query-status")).get("status")
+        except (LivemigError, OSError):
+            return not self.dst.alive()  # unreachable but alive: not confirmed
+        return bool(status != "running")
+
     async def _source_runs(self) -> None:
         """After a cancel or failure: the source must run (``cont`` if QEMU left it
-        paused after a failed switchover)."""
+        paused after a failed switchover) — unless the destination runs the guest."""
         after: dict[str, Any] = {"running": False}
+        if not await self._destination_held():
+            after["error"] = ("the destination runs the guest (or cannot be confirmed "
+                              "stopped): the source is left as it is (split-brain guard)")
+            self.events.event("source not resumed", **after)
+            self.s.source_after = after
+            return
         try:
             status = (await self.src.cmd("query-status")).get("status")
             if status in ("postmigrate", "paused", "finish-migrate"):
@@ -348,6 +404,20 @@ class Engine:
             destination_status=s.dst_status, plan=self.plan, encoding=self.encoding)
 
 
+def mismatch_reason(ram: RamVerdict | None, disk: str | None) -> str | None:
+    """Why the destination must not run, or None: RAM pages (the first few named,
+    with the total) and whatever the disk comparison found."""
+    parts = []
+    if ram is not None and ram.result == "mismatch":
+        first = ", ".join(ram.first_mismatches[:MISMATCH_NAMED])
+        more = "" if len(ram.first_mismatches) <= MISMATCH_NAMED else ", ..."
+        n = ram.mismatched_pages or ram.mismatched_chunks
+        parts.append(f"destination RAM differs from the source in {n} "
+                     f"{'pages' if ram.mismatched_pages else 'chunks'}"
+                     f"{' or more' if ram.capped else ''} (first: {first}{more})")
+    if disk:
+        parts.append(disk)
+    return "; ".join(parts) or None
 
 
 def proc_cpu(pid: int | None) -> float | None:

@@ -27,6 +27,11 @@ from livemig.ramcheck import PAGE, compare_ram, offset_to_gpa
 DIGEST_CMD = "x-query-ram-digest"
 CHUNK = 4 << 20  # chunk size asked for the first pass
 MAX_REPORTED = 16
+# Differing chunks digested again page by page to name pages. Each drill-down is two
+# digests of one chunk (4 MiB) while both guests are frozen; past this many the
+# chunks are only counted, so a destination that differs everywhere costs at most
+# MAX_DRILLED x 4 MiB = 64 MiB more digesting, not a second pass over all of RAM.
+MAX_DRILLED = 16
 MAIN_RAM_BLOCKS = ("pc.ram", "ram0", "/objects/ram0")
 
 
@@ -41,6 +46,7 @@ class RamVerdict:
     seconds: float = 0.0
     bytes_compared: int = 0
     mismatched_chunks: int = 0
+    capped: bool = False  # more chunks differed than were drilled into: pages undercounted
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -54,6 +60,8 @@ class RamVerdict:
             d["why"] = self.why
         if self.method == "digest":
             d["mismatched_chunks"] = self.mismatched_chunks
+            if self.capped:
+                d["pages_counted_in_first_chunks"] = MAX_DRILLED
             gib = self.bytes_compared / (1 << 30)
             d["seconds_per_gib"] = round(self.seconds / gib, 3) if gib else None
         return d
@@ -111,7 +119,8 @@ async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK) -> RamVe
     dst_blocks = {blk.name: blk for blk in b.blocks}
     main = next((blk.size for blk in a.blocks if blk.name in MAIN_RAM_BLOCKS), None)
     mismatches: list[str] = []
-    bad_pages = bad_chunks = pages = total = 0
+    bad_pages = bad_chunks = pages = total = drilled = 0
+    capped = False
     for sb in a.blocks:
         db = dst_blocks.pop(sb.name, None)
         pages += sb.size // PAGE
@@ -127,6 +136,10 @@ async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK) -> RamVe
             if x == y:
                 continue
             bad_chunks += 1
+            if drilled >= MAX_DRILLED:
+                capped = True
+                continue
+            drilled += 1
             off = sb.offset + i * a.chunk_size
             length = min(a.chunk_size, sb.offset + sb.size - off)
             args = {"block": sb.name, "offset": off, "length": length, "chunk-size": PAGE}
@@ -142,9 +155,9 @@ async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK) -> RamVe
         bad_chunks += 1
     bad = bad_pages or bad_chunks
     return RamVerdict("mismatch" if bad else "ok", "digest", pages_compared=pages,
-                      mismatched_pages=bad_pages, first_mismatches=tuple(mismatches[:16]),
+                      mismatched_pages=bad_pages, first_mismatches=tuple(mismatches[:MAX_REPORTED]),
                       seconds=time.monotonic() - t0, bytes_compared=total,
-                      mismatched_chunks=bad_chunks)
+                      mismatched_chunks=bad_chunks, capped=capped)
 
 
 async def verify_ram(src: QmpEnd, dst: QmpEnd, method: str = "auto") -> RamVerdict:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from livemig import paths
+from livemig import paths, private
 
 log = logging.getLogger(__name__)
 STATE = "state.json"
@@ -56,10 +56,8 @@ class RunState:
         self._write()
 
     def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data))
-        os.replace(tmp, self.path)
+        private.make_dir(self.path.parent)
+        private.write_text(self.path, json.dumps(self.data))
 
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from livemig import metrics, paths
+from livemig import metrics, paths, private
 from livemig.attach import run_attach
 from livemig.control import GUEST_DISK
 from livemig.engine.adapt import Adapted, Hints, adapt
@@ -104,6 +104,7 @@ class MigrateOptions:
     # lab: the lab's engine hooks; attach: the lab boots and measures, then hands the two
     # QEMUs' QMP sockets to the attach path, which migrates them as a user's VMs
     via: str = "lab"
+    resume_corrupt: bool = False  # livemig verify --inject only: see Plan.resume_corrupt
 
     def plan(self, uri: str = "") -> Plan:
         """The engine's plan; validated before anything boots."""
@@ -114,7 +115,7 @@ class MigrateOptions:
                     profile=self.profile, bandwidth=self.bandwidth, max_time=self.max_time,
                     verify=self.verify, accel=self.accel,
                     pause_before_switchover=self.storage == "copy",
-                    disk_link=disk_link).validate()
+                    disk_link=disk_link, resume_corrupt=self.resume_corrupt).validate()
 
 
 @dataclass
@@ -239,7 +240,7 @@ class LabRun(Hooks):
             raise UsageError("--storage copy needs the testbed's hosts (not --link local)")
         if o.workload.service is not None:
             ServiceRun.check(o.workload.service, o.testbed)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        private.make_dir(self.run_dir)
         self.event("phase booting")
         self.progress.step(f"run {self.id}: accel {o.accel} ({o.accel_reason}), "
                            f"QEMU {o.qemu}, logs in {self.run_dir}")
@@ -379,13 +380,19 @@ class LabRun(Hooks):
             for fault in self.opts.faults:
                 self._inject(fault)
 
-    async def verify_more(self) -> None:
-        if self.disk is not None:
-            self.progress.step("comparing the disk images: source vs destination")
-            assert self._src_image is not None and self._dst_image is not None
-            self.disk_check = await asyncio.to_thread(
-                compare_images, self._src_image, self._dst_image)
-            self.event("disk compared", **self.disk_check.as_dict())
+    async def verify_more(self) -> str | None:
+        if self.disk is None:
+            return None
+        self.progress.step("comparing the disk images: source vs destination")
+        assert self._src_image is not None and self._dst_image is not None
+        self.disk_check = await asyncio.to_thread(
+            compare_images, self._src_image, self._dst_image)
+        self.event("disk compared", **self.disk_check.as_dict())
+        if self.disk_check.ok:
+            return None
+        first = ", ".join(f"{o:#x}" for o in self.disk_check.first_mismatches[:4])
+        return (f"destination disk differs from the source in "
+                f"{self.disk_check.mismatched_blocks} blocks (first: {first})")
 
     async def after_resume(self) -> None:
         assert self.dst is not None
@@ -609,8 +616,7 @@ class LabRun(Hooks):
         """``name`` is the role (src/dst); the testbed host comes from the options."""
         o = self.opts
         mem_path = paths.shm_root() / f"livemig-{self.id}-{name}.ram"
-        with contextlib.suppress(FileNotFoundError):
-            mem_path.unlink()
+        private.create_exclusive(mem_path)  # QEMU opens the file made here, 0600
         self._mem_files.append(mem_path)
         self.state.add_file(mem_path)
         append = "console=ttyS0 quiet " + (

@@ -25,6 +25,7 @@ from typing import Any
 
 from qemu.qmp import QMPClient
 
+from livemig import private
 from livemig.engine.endpoint import Endpoint
 from livemig.errors import VMError
 from livemig.lab import qemutrace
@@ -157,11 +158,11 @@ class VM:
                 p.unlink()
         argv = cfg.argv()
         log.info("%s: starting: %s", self.name, " ".join(argv))
-        logf = open(cfg.log_path, "wb")  # noqa: SIM115 - handed to the child
+        logf = os.fdopen(private.open_file(cfg.log_path), "wb")  # handed to the child
         try:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                start_new_session=True,
+                start_new_session=True, umask=private.CHILD_UMASK,
             )
         except OSError as e:
             raise VMError(f"{self.name}: cannot run {argv[0]}: {e.strerror}") from e

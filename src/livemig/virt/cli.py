@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import Any
 
@@ -27,7 +28,7 @@ def options(a: argparse.Namespace, defaults: dict[str, Any]) -> DomainOptions:
     if given:
         raise UsageError(f"--{given[0].replace('_', '-')} is for lab runs (livemig boots "
                          "the guest), not with --domain")
-    if a.max_time is not None and a.max_time <= 0:
+    if a.max_time is not None and not (math.isfinite(a.max_time) and a.max_time > 0):
         raise UsageError("--max-time must be positive")
     if a.report and a.report.is_dir():
         raise UsageError(f"--report {a.report} is a directory")
