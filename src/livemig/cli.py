@@ -168,6 +168,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from livemig.upgrade.cli import register as register_upgrade
 
     register_upgrade(sub)
+    from livemig.tls.cli import register as register_pki
+
+    register_pki(sub)
     return p
 
 
