@@ -16,6 +16,7 @@ from typing import Any
 
 from livemig.errors import UsageError
 from livemig.settings import LIVEMIG_SETTINGS, PROFILES
+from livemig.tls.creds import Tls
 
 _URI = re.compile(r"^(tcp:(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}|unix:/.+)$")
 
@@ -32,6 +33,7 @@ class Plan:
     accel: str = "tcg"
     pause_before_switchover: bool = False  # a disk mirror finishes with the guest frozen
     disk_link: float | None = None  # bytes/s the disk policies share (disk copied)
+    tls: Tls | None = None  # x509 credentials and the one peer accepted; None: plain
 
     @property
     def wanted(self) -> dict[str, str]:
@@ -55,6 +57,9 @@ class Plan:
     def with_uri(self, uri: str) -> Plan:
         return dataclasses.replace(self, uri=uri).validate()
 
+    def with_tls(self, tls: Tls | None) -> Plan:
+        return dataclasses.replace(self, tls=tls)
+
     def validate(self) -> Plan:
         """One-line :class:`UsageError` for anything wrong; returns self."""
         if self.uri and not _URI.match(self.uri):
@@ -72,6 +77,9 @@ class Plan:
         if self.bandwidth is not None and self.bandwidth <= 0:
             raise UsageError("--bandwidth must be positive")
         for key, value in self.settings:
+            if key.startswith("tls-") and key in self.explicit:
+                raise UsageError(f"--set {key}: TLS is --tls on|off|auto (and --tls-dir); "
+                                 "livemig adds the credential objects and removes them")
             st = LIVEMIG_SETTINGS.get(key)
             if st is None:
                 continue

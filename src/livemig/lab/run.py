@@ -56,6 +56,9 @@ from livemig.testbed import netns, topology, vswitch
 from livemig.testbed.probe import Prober
 from livemig.testbed.stream import Stream
 from livemig.testbed.tcpstream import TcpStream
+from livemig.tls import creds as tls_creds
+from livemig.tls import testbed as tls_testbed
+from livemig.tls.creds import Tls
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,7 @@ class MigrateOptions:
     images: tuple[Path, Path] | None = None  # disk images owned by the caller
     testbed_held: bool = False  # the caller holds the testbed lock
     trace_events: tuple[str, ...] = ()  # QEMU trace points on both ends (report: qemu_trace)
+    tls: str = "auto"  # --tls: auto = on between the testbed's hosts, off with --link local
 
     def plan(self, uri: str = "") -> Plan:
         """The engine's plan; validated before anything boots."""
@@ -179,7 +183,7 @@ class LabRun(Hooks):
             await self._boot()
             host = topology.MIG_ADDR[self.opts.dst_host] if self.opts.testbed else "127.0.0.1"
             plan = self.plan.with_settings(self._wanted).with_uri(
-                f"tcp:{host}:{_free_port()}")
+                f"tcp:{host}:{_free_port()}").with_tls(self._tls())
             assert self.src is not None and self.dst is not None
             assert self.src.endpoint is not None and self.dst.endpoint is not None
             self.engine = Engine(self.src.endpoint, self.dst.endpoint, plan,
@@ -264,6 +268,15 @@ class LabRun(Hooks):
                 self._check_interrupt, self.src.config.console_path if self.src else None)
         await self._choose_encoding()
         self.dst, self.dst_agent = await self._launch("dst", dst_disks, incoming=True)
+
+    def _tls(self) -> Tls | None:
+        o = self.opts
+        if not tls_creds.enabled(o.tls, one_host=not o.testbed):
+            return None
+        tls = (tls_testbed.tls(o.src_host, o.dst_host) if o.testbed
+               else tls_testbed.tls(tls_testbed.LOCAL, tls_testbed.LOCAL))
+        self.event("tls", **tls.as_dict())
+        return tls
 
     # -- engine hooks -----------------------------------------------------------------
     def disk_link(self) -> float | None:

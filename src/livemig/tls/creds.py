@@ -99,3 +99,33 @@ def is_local(host: str | None) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+MODES = ("auto", "on", "off")
+
+
+def enabled(mode: str, one_host: bool) -> bool:
+    """``--tls``: on, off, or auto = on unless both ends are on this one host."""
+    if mode not in MODES:
+        raise UsageError(f"bad --tls {mode!r}: choose from {', '.join(MODES)}")
+    return mode == "on" or (mode == "auto" and not one_host)
+
+
+def attach_tls(mode: str, given: Path | None, uri: str) -> Tls | None:
+    """TLS for an attach run, from ``--tls``, ``--tls-dir`` and ``--uri``.
+
+    Both QMP sockets are local, so each QEMU reads the directory on its own host:
+    with the standard locations, each host's own certificates. The accepted peer is
+    this host's client certificate (the source QEMU runs where its QMP socket is)."""
+    if not enabled(mode, one_host=is_local(uri_host(uri))):
+        return None
+    import socket
+
+    directory = find_dir(given, socket.gethostname())
+    if directory is None:
+        raise UsageError(
+            f"--tls {mode}: no TLS credentials in {', '.join(map(str, STANDARD_DIRS))} "
+            f"or {DEFAULT_DIR}/HOST: create them (livemig pki init --host NAME=ADDRESS,"
+            "... and copy each host's directory to /etc/pki/qemu), give --tls-dir, or "
+            "--tls off")
+    return Tls(src_dir=directory, dst_dir=directory, peer=client_identity(directory))
