@@ -175,3 +175,22 @@ def test_attach_without_credentials_is_a_one_line_usage_error(
     with pytest.raises(SystemExit) as e:
         main([*args[:-2], "--tls", "bogus"])
     assert e.value.code == 2
+
+
+def test_libvirt_tls_flag_follows_the_request() -> None:
+    from livemig.virt import plan as P
+
+    qemu = P.QemuInfo(frozenset({"multifd"}), {"multifd-channels": 2}, frozenset())
+    on = P.make_plan({}, frozenset(), qemu, P.Request(tls=True, storage="copy"))
+    off = P.make_plan({}, frozenset(), qemu, P.Request())
+    assert on.flags & P.TLS and "tls" in on.flag_names()
+    assert not off.flags & P.TLS
+
+
+@pytest.mark.parametrize(("src", "dst", "one"), [
+    ("qemu:///system", "qemu+unix:///system", True),
+    ("qemu+tls://10.77.0.1/system", "qemu+tls://10.77.0.2/system?pkipath=/x", False),
+    ("qemu+tcp://localhost/system", "qemu:///system", True),
+    ("qemu+ssh://a/system", "qemu+ssh://a/system", True)])
+def test_libvirt_one_host(src: str, dst: str, one: bool) -> None:
+    assert creds.libvirt_one_host(src, dst) is one

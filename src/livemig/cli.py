@@ -86,9 +86,10 @@ def _build_parser() -> argparse.ArgumentParser:
                    "are on this host: a lab run on the testbed's two hosts is on, --link "
                    "local is off; attach is off only when --uri is unix: or a loopback "
                    "address (then the destination listens on this host, and the source "
-                   "that connects to it runs here too)")
+                   "that connects to it runs here too); libvirt (VIR_MIGRATE_TLS) is off "
+                   "only when --connect and --to name the same host")
     m.add_argument("--tls-dir", type=Path, metavar="DIR",
-                   help="attach/libvirt: credentials in QEMU's layout (ca-cert.pem, "
+                   help="attach: credentials in QEMU's layout (ca-cert.pem, "
                    "server-*.pem, client-*.pem); default: /etc/pki/qemu, "
                    "/etc/pki/libvirt-migrate, then livemig pki's /etc/pki/livemig/HOST")
     m.add_argument("--max-time", type=float, help="cancel if not done after SECONDS "

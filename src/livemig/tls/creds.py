@@ -129,3 +129,12 @@ def attach_tls(mode: str, given: Path | None, uri: str) -> Tls | None:
             "... and copy each host's directory to /etc/pki/qemu), give --tls-dir, or "
             "--tls off")
     return Tls(src_dir=directory, dst_dir=directory, peer=client_identity(directory))
+
+
+def libvirt_one_host(src_uri: str, dst_uri: str) -> bool:
+    """Whether two libvirt URIs name daemons on one host: both without a host
+    (``qemu:///system``, ``qemu+unix://``) or with the same host name."""
+    from urllib.parse import urlsplit
+
+    a, b = urlsplit(src_uri).hostname, urlsplit(dst_uri).hostname
+    return a == b or (is_local(a) and is_local(b))

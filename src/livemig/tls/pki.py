@@ -4,7 +4,9 @@ certificates, in the layout QEMU's ``tls-creds-x509`` reads.
 ``DIR/ca-cert.pem`` and ``DIR/ca-key.pem`` are the CA; each host gets
 ``DIR/<host>/`` with ``ca-cert.pem``, ``server-cert.pem``, ``server-key.pem``,
 ``client-cert.pem``, ``client-key.pem`` (QEMU's names; libvirt's ``/etc/pki/qemu`` is
-the same layout). Keys are written 0600 and exclusively (never through a file another
+the same layout), and symlinks with libvirt's client/daemon names (``cacert.pem``,
+``clientcert.pem``, ...) so that the directory also serves as a libvirt
+``?pkipath=``. Keys are written 0600 and exclusively (never through a file another
 user created first). An existing CA in ``DIR`` is reused, so hosts can be added later.
 
 The Python ``cryptography`` package does the work (not gnutls' ``certtool``): it is a
@@ -37,6 +39,11 @@ VALID_DAYS = 3650
 _CURVE = ec.SECP256R1()
 QEMU_FILES = ("ca-cert.pem", "server-cert.pem", "server-key.pem", "client-cert.pem",
               "client-key.pem")
+# libvirt's names for the same files (a client's ``?pkipath=DIR``, libvirtd's
+# key_file/cert_file/ca_file): symlinks, so one directory serves QEMU and libvirt
+LIBVIRT_LINKS = {"cacert.pem": "ca-cert.pem", "servercert.pem": "server-cert.pem",
+                 "serverkey.pem": "server-key.pem", "clientcert.pem": "client-cert.pem",
+                 "clientkey.pem": "client-key.pem"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$")
 
 
@@ -168,5 +175,8 @@ def init(directory: Path, hosts: list[HostSpec]) -> list[Path]:
             cert, key = _leaf(host, role, ca, ca_key)
             _write(d / f"{role}-key.pem", key, 0o600)
             _write(d / f"{role}-cert.pem", cert, 0o644)
+        for link, target in LIBVIRT_LINKS.items():
+            if not (d / link).is_symlink():
+                (d / link).symlink_to(target)
         out.append(d)
     return out
