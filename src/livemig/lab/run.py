@@ -296,7 +296,8 @@ class LabRun(Hooks):
             assert self.src is not None and self.dst is not None
             assert self.t_migrate is not None
             self.copy = DiskCopy(self.src, self.dst, topology.MIG_ADDR[self.opts.dst_host],
-                                 self.livemig, self.events, self.progress.step)
+                                 self.livemig, self.events, self.progress.step,
+                                 tls=self.engine.plan.tls is not None)
             await self.copy.start()
             if self.livemig["disk-schedule"] in ("first", "libvirt"):
                 await self.copy.wait_ready(self.t_migrate, self.opts.max_time,
