@@ -194,3 +194,19 @@ def test_libvirt_tls_flag_follows_the_request() -> None:
     ("qemu+ssh://a/system", "qemu+ssh://a/system", True)])
 def test_libvirt_one_host(src: str, dst: str, one: bool) -> None:
     assert creds.libvirt_one_host(src, dst) is one
+
+
+def test_the_encoding_model_counts_tls_per_byte_sent() -> None:
+    from livemig.policy import encoding as E
+
+    plain, zstd = E.Codec(ratio=1.0, speed=E.PLAIN_SPEED), E.Codec(ratio=4.0, speed=3e8)
+    off, on = E.Context(link_rate=None, cpus=1.0), E.Context(link_rate=None, cpus=1.0,
+                                                             tls=True)
+    assert E.page_rate(plain, on) < E.page_rate(plain, off)
+    # TLS costs per byte sent: a codec sending a quarter of the bytes loses less
+    loss_plain = 1 - E.page_rate(plain, on) / E.page_rate(plain, off)
+    loss_zstd = 1 - E.page_rate(zstd, on) / E.page_rate(zstd, off)
+    assert 0 < loss_zstd < loss_plain
+    # a link-bound stream does not change
+    slow = E.Context(link_rate=50e6, cpus=1.0)
+    assert E.page_rate(plain, slow) == E.page_rate(plain, E.Context(link_rate=50e6, tls=True))

@@ -583,7 +583,8 @@ class LabRun(Hooks):
         return encoding.Context(
             link_rate=link, cpus=encoding.migration_cpus(self.opts.vcpus),
             guest_ram=self.opts.memory, host_available=encoding.host_available(),
-            delta=delta)  # the delta patch brings lz4 (choose() adds it)
+            delta=delta,  # the delta patch brings lz4 (choose() adds it)
+            tls=tls_creds.enabled(self.opts.tls, one_host=not self.opts.testbed))
 
     def _plan_pinning(self) -> None:
         assert self.src is not None
