@@ -147,7 +147,9 @@ step_done fetch
 # ---- build dependencies ------------------------------------------------------------
 deps=(libglib2.0-dev libpixman-1-dev ninja-build pkg-config libzstd-dev liblz4-dev
       zlib1g-dev flex bison libslirp-dev libaio-dev libcap-ng-dev libfdt-dev ccache
-      python3-venv xz-utils patch seabios ipxe-qemu qemu-system-data device-tree-compiler)
+      python3-venv xz-utils patch seabios ipxe-qemu qemu-system-data device-tree-compiler
+      # gnutls: tls-creds-x509 for migration streams and NBD exports (livemig --tls)
+      libgnutls28-dev)
 missing=()
 for p in "${deps[@]}"; do
     [[ $(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null) == installed ]] || missing+=("$p")
@@ -265,7 +267,7 @@ configure_flags=(
     --disable-virglrenderer --disable-curses --disable-brlapi --disable-vte
     --disable-alsa --disable-pa --disable-jack --disable-oss --disable-pipewire
     --disable-sndio --disable-libusb --disable-usb-redir --disable-smartcard
-    --disable-xen --disable-vde --disable-gnutls --disable-nettle --disable-gcrypt
+    --disable-xen --disable-vde --enable-gnutls --disable-nettle --disable-gcrypt
     --disable-rbd --disable-glusterfs --disable-libiscsi --disable-libnfs
     --disable-libssh --disable-capstone --disable-bpf
 )

@@ -203,7 +203,8 @@ def test_each_host_has_its_own_daemon(daemons: dict[str, str]) -> None:
     for side in ("src", "dst"):
         out = subprocess.run(livemig_cmd("testbed", "libvirt-uri", side),
                              capture_output=True, text=True, check=True)
-        assert out.stdout.strip() == f"qemu+tcp://{topology.MIG_ADDR[side]}/system"
+        assert out.stdout.strip() == libvirtd.uri(side)
+        assert out.stdout.startswith(f"qemu+tls://{topology.MIG_ADDR[side]}/system?pkipath=")
     src, dst = open_uri(daemons["src"], "src"), open_uri(daemons["dst"], "dst")
     try:
         assert src.getHostname() == "lm-src" and dst.getHostname() == "lm-dst"

@@ -15,14 +15,18 @@ def _run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LIVEMIG_RUN_DIR", str(tmp_path))
 
 
-def test_each_daemon_listens_on_its_migration_address_without_auth() -> None:
+def test_each_daemon_listens_on_its_migration_address_with_tls_and_tcp() -> None:
     conf = libvirtd._libvirtd_conf("dst", "0f0e0d0c-0000-4000-8000-000000000002")
     assert 'listen_addr = "10.77.0.2"' in conf and "listen_tcp = 1" in conf
-    assert 'auth_tcp = "none"' in conf and "listen_tls = 0" in conf
+    assert 'auth_tcp = "none"' in conf and "listen_tls = 1" in conf
+    pki = libvirtd.tls_testbed.host_dir("dst")
+    assert f'cert_file = "{pki / "server-cert.pem"}"' in conf
+    assert 'tls_allowed_dn_list = ["CN=lm-src,O=livemig", "CN=lm-dst,O=livemig"]' in conf
     assert 'host_uuid = "0f0e0d0c-0000-4000-8000-000000000002"' in conf
     q = libvirtd._qemu_conf("dst")
     assert 'migration_address = "10.77.0.2"' in q and 'migration_host = "10.77.0.2"' in q
     assert 'user = "root"' in q
+    assert f'migrate_tls_x509_cert_dir = "{pki}"' in q and "migrate_tls_x509_verify = 1" in q
 
 
 def test_start_script_gives_the_daemon_its_own_directories() -> None:
@@ -51,7 +55,10 @@ def test_state_file_is_not_a_run_directory_state() -> None:
 
 
 def test_uris_and_testbed_routing() -> None:
-    assert libvirtd.uri("src") == "qemu+tcp://10.77.0.1/system"
+    pki = libvirtd.tls_testbed.host_dir("src")
+    assert libvirtd.uri("dst") == f"qemu+tls://10.77.0.2/system?pkipath={pki}"
+    assert libvirtd.tcp_uri("src") == "qemu+tcp://10.77.0.1/system"
+    assert conn.testbed_side(libvirtd.uri("dst")) in ("dst", None)  # None: testbed down
     assert libvirtd.side_of_address("10.77.0.2") == "dst"
     assert libvirtd.side_of_address("192.0.2.1") is None
     assert conn.testbed_side("qemu+tcp://192.0.2.1/system") is None

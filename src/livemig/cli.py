@@ -81,6 +81,18 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a QEMU capability/parameter or livemig setting "
                         "(repeatable)")
+    m.add_argument("--tls", choices=("auto", "on", "off"), default="auto",
+                   help="encrypt the migration stream and accept only the expected peer "
+                   "(x509 certificates, tls-authz). auto (default): on unless both ends "
+                   "are on this host: a lab run on the testbed's two hosts is on, --link "
+                   "local is off; attach is off only when --uri is unix: or a loopback "
+                   "address (then the destination listens on this host, and the source "
+                   "that connects to it runs here too); libvirt (VIR_MIGRATE_TLS) is off "
+                   "only when --connect and --to name the same host")
+    m.add_argument("--tls-dir", type=Path, metavar="DIR",
+                   help="attach: credentials in QEMU's layout (ca-cert.pem, "
+                   "server-*.pem, client-*.pem); default: /etc/pki/qemu, "
+                   "/etc/pki/libvirt-migrate, then livemig pki's /etc/pki/livemig/HOST")
     m.add_argument("--max-time", type=_max_time, default=DEFAULT_MAX_TIME_S,
                    metavar="SECONDS", help="cancel if not done after SECONDS (the source "
                    f"keeps running); default {DEFAULT_MAX_TIME_S:g}: a full pass of a 64 "
@@ -177,6 +189,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from livemig.upgrade.cli import register as register_upgrade
 
     register_upgrade(sub)
+    from livemig.tls.cli import register as register_pki
+
+    register_pki(sub)
     return p
 
 
@@ -303,8 +318,11 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
         testbed=a.link.strip().lower() != "local",
         link=None if a.link.strip().lower() == "local" else parse_link_rate(a.link),
         storage=a.storage, disk_fill=a.disk_fill, explicit=frozenset(sets), net=net,
-        trace_events=_trace_events(a.qemu_trace),
+        trace_events=_trace_events(a.qemu_trace), tls=a.tls,
     )
+    if a.tls_dir is not None:
+        raise UsageError("--tls-dir is for attach and libvirt runs: the lab makes its own "
+                         "PKI for the testbed's hosts")
     if net.vhost_user and not opts.testbed:
         raise UsageError("--net vhost-user needs the testbed's hosts: not with --link local")
     if opts.storage == "copy" and not opts.testbed:
@@ -343,10 +361,13 @@ def _attach_plan(a: argparse.Namespace) -> Plan:
     if lab:
         raise UsageError(f"{', '.join(lab)}: only for lab runs, not with --src-qmp")
     sets = parse_sets(a.set)
-    return Plan(uri=a.uri, settings=tuple(merge(a.profile, sets).items()),
+    plan = Plan(uri=a.uri, settings=tuple(merge(a.profile, sets).items()),
                 explicit=frozenset(sets), profile=a.profile,
                 bandwidth=parse_size(a.bandwidth, "--bandwidth") if a.bandwidth else None,
                 max_time=a.max_time, verify=not a.no_verify, accel="kvm").validate()
+    from livemig.tls.creds import attach_tls
+
+    return plan.with_tls(attach_tls(a.tls, a.tls_dir, a.uri))
 
 
 def finish_run(report: dict[str, Any], path: Path | None, text: str, logs: str = "") -> int:

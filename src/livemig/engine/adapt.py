@@ -56,6 +56,7 @@ class Hints:
     file_sampler: Sampler | None = None  # the lab's RAM-file reader (sampler=file)
     scratch: Path | None = None  # where pmemsave may write (a private dir is made in it)
     peek: Read | None = None  # a reader of guest-physical memory (libvirt's memory peek)
+    tls: bool | None = None  # the stream is encrypted (None: as the plan says)
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,8 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints) -> encoding.Context:
         host_available=(hints.host_available if hints.host_available is not None
                         else encoding.host_available()),
         codecs=await multifd_codecs(src),
-        delta=encoding.DELTA_KEY in params)
+        delta=encoding.DELTA_KEY in params,
+        tls=hints.tls if hints.tls is not None else plan.tls is not None)
 
 
 async def multifd_codecs(src: QmpEnd) -> frozenset[str]:

@@ -3,7 +3,9 @@
 The original capabilities and parameters of both ends are remembered before
 anything is changed; :func:`restore` sets back every one that differs at the end,
 whatever the outcome (also what the policies changed on the way: downtime limit,
-bandwidth, the throttle knob).
+bandwidth, the throttle knob). With TLS (``plan.tls``) both ends get their
+``livemig-tls-*`` credential objects and the ``tls-*`` parameters (:mod:`livemig.tls.qmp`);
+the restore sets the ``tls-*`` parameters back and deletes those objects.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from livemig.engine.endpoint import QmpEnd
 from livemig.engine.plan import Plan
 from livemig.errors import VMError
 from livemig.settings import Resolved, resolve
+from livemig.tls import qmp as tls_qmp
+from livemig.tls.creds import Tls
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
-# parameters QEMU reports but refuses to be given back as they are (or must not be
-# touched by a restore): TLS credentials are objects, block-bitmap-mapping a list
-_NOT_RESTORED = frozenset({"tls-creds", "tls-hostname", "tls-authz", "block-bitmap-mapping"})
+# parameters QEMU reports but refuses to be given back as they are:
+# block-bitmap-mapping is a list (the tls-* strings go back like the others, "" = off)
+_NOT_RESTORED = frozenset({"block-bitmap-mapping"})
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Negotiated:
     parameters: dict[str, Any]
     original_src: EndSettings
     original_dst: EndSettings
+    tls: Tls | None = None
 
 
 async def read(end: QmpEnd) -> EndSettings:
@@ -68,19 +73,24 @@ async def negotiate(src: QmpEnd, dst: QmpEnd, plan: Plan,
     caps = {"events": True, **resolved.capabilities}
     if plan.pause_before_switchover:
         caps["pause-before-switchover"] = True
-    return Negotiated(resolved, caps, dict(resolved.parameters), s, d)
+    return Negotiated(resolved, caps, dict(resolved.parameters), s, d, plan.tls)
 
 
 async def apply(src: QmpEnd, dst: QmpEnd, n: Negotiated) -> None:
     """Both ends get the same capabilities and parameters (QEMU requires it for
-    multifd, compression and most capabilities)."""
-    for end, orig in ((src, n.original_src), (dst, n.original_dst)):
+    multifd, compression and most capabilities); with TLS, each its own side's
+    credentials (the source a client's, the destination a server's and the authz)."""
+    for side, end, orig in (("src", src, n.original_src), ("dst", dst, n.original_dst)):
         caps = [{"capability": k, "state": v} for k, v in n.capabilities.items()
                 if orig.capabilities.get(k) != v]
         if caps:
             await end.cmd("migrate-set-capabilities", capabilities=caps)
-        if n.parameters:
-            await end.cmd("migrate-set-parameters", **n.parameters)
+        params = dict(n.parameters)
+        if n.tls is not None:
+            await tls_qmp.add(end, n.tls, side)
+            params.update(tls_qmp.parameters(n.tls, side))
+        if params:
+            await end.cmd("migrate-set-parameters", **params)
 
 
 async def restore(end: QmpEnd, original: EndSettings) -> dict[str, Any]:
@@ -120,4 +130,7 @@ async def restore(end: QmpEnd, original: EndSettings) -> dict[str, Any]:
                     done["capabilities"][k] = v
                 except VMError as e:
                     done["errors"].append(f"{k}: {e}")
+    objects = await tls_qmp.remove_objects(end)  # after tls-creds no longer names them
+    if objects:
+        done["objects_deleted"] = objects
     return done

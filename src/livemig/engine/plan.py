@@ -17,6 +17,7 @@ from typing import Any
 
 from livemig.errors import UsageError
 from livemig.settings import LIVEMIG_SETTINGS, PROFILES
+from livemig.tls.creds import Tls
 
 # --max-time when none is given: a full pass of a 64 GiB guest at 1 Gbit/s takes about
 # 9 minutes; a migration still running after 15 is not converging, and meanwhile holds
@@ -42,6 +43,7 @@ class Plan:
     # resume a destination that failed verification, so the guest's own checker can
     # be shown to find the injected fault too. Never for a real migration.
     resume_corrupt: bool = False
+    tls: Tls | None = None  # x509 credentials and the one peer accepted; None: plain
 
     @property
     def wanted(self) -> dict[str, str]:
@@ -65,6 +67,9 @@ class Plan:
     def with_uri(self, uri: str) -> Plan:
         return dataclasses.replace(self, uri=uri).validate()
 
+    def with_tls(self, tls: Tls | None) -> Plan:
+        return dataclasses.replace(self, tls=tls)
+
     def validate(self) -> Plan:
         """One-line :class:`UsageError` for anything wrong; returns self."""
         if self.uri and not _URI.match(self.uri):
@@ -83,6 +88,9 @@ class Plan:
         if self.bandwidth is not None and self.bandwidth <= 0:
             raise UsageError("--bandwidth must be positive")
         for key, value in self.settings:
+            if key.startswith("tls-") and key in self.explicit:
+                raise UsageError(f"--set {key}: TLS is --tls on|off|auto (and --tls-dir); "
+                                 "livemig adds the credential objects and removes them")
             st = LIVEMIG_SETTINGS.get(key)
             if st is None:
                 continue

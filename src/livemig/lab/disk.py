@@ -69,8 +69,9 @@ class DiskCopy:
     """One disk copy: the mirror job, its observation, its finish."""
 
     def __init__(self, src: VM, dst: VM, dst_addr: str, settings: dict[str, Any],
-                 events: EventStream, say: Callable[[str], None]) -> None:
+                 events: EventStream, say: Callable[[str], None], tls: bool = False) -> None:
         self.src, self.dst, self.dst_addr = src, dst, dst_addr
+        self.tls = tls
         self.settings = settings
         self.events, self.say = events, say
         self.mirror: DiskMirror | None = None
@@ -96,7 +97,7 @@ class DiskCopy:
             why = (f"auto: guest writes average {avg / 1024:.1f} KiB over "
                    f"{st.get('wr_operations', 0)} writes")
         m = DiskMirror(self.src.cmd, self.dst.cmd, self.dst_addr, "disk0", int(gran),
-                       int(lm["disk-speed"]), str(lm["disk-copy-mode"]))
+                       int(lm["disk-speed"]), str(lm["disk-copy-mode"]), tls=self.tls)
         self.mirror = m
         await m.start()
         self.events.event("disk mirror started", granularity=m.granularity,

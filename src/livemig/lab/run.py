@@ -58,6 +58,9 @@ from livemig.testbed import netns, topology, vswitch
 from livemig.testbed.probe import Prober
 from livemig.testbed.stream import Stream
 from livemig.testbed.tcpstream import TcpStream
+from livemig.tls import creds as tls_creds
+from livemig.tls import testbed as tls_testbed
+from livemig.tls.creds import Tls
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +108,7 @@ class MigrateOptions:
     # QEMUs' QMP sockets to the attach path, which migrates them as a user's VMs
     via: str = "lab"
     resume_corrupt: bool = False  # livemig verify --inject only: see Plan.resume_corrupt
+    tls: str = "auto"  # --tls: auto = on between the testbed's hosts, off with --link local
 
     def plan(self, uri: str = "") -> Plan:
         """The engine's plan; validated before anything boots."""
@@ -186,7 +190,7 @@ class LabRun(Hooks):
             host = topology.MIG_ADDR[self.opts.dst_host] if self.opts.testbed else "127.0.0.1"
             assert self.adapted is not None
             plan = self.adapted.plan.with_uri(
-                f"tcp:{host}:{_free_port()}")
+                f"tcp:{host}:{_free_port()}").with_tls(self._tls())
             assert self.src is not None and self.dst is not None
             assert self.src.endpoint is not None and self.dst.endpoint is not None
             if self.opts.via == "attach":
@@ -282,6 +286,15 @@ class LabRun(Hooks):
             await self._adapt()
         self.dst, self.dst_agent = await self._launch("dst", dst_disks, incoming=True)
 
+    def _tls(self) -> Tls | None:
+        o = self.opts
+        if not tls_creds.enabled(o.tls, one_host=not o.testbed):
+            return None
+        tls = (tls_testbed.tls(o.src_host, o.dst_host) if o.testbed
+               else tls_testbed.tls(tls_testbed.LOCAL, tls_testbed.LOCAL))
+        self.event("tls", **tls.as_dict())
+        return tls
+
     # -- engine hooks -----------------------------------------------------------------
     def disk_link(self) -> float | None:
         return self.plan.disk_link
@@ -300,7 +313,8 @@ class LabRun(Hooks):
             assert self.src is not None and self.dst is not None
             assert self.t_migrate is not None
             self.copy = DiskCopy(self.src, self.dst, topology.MIG_ADDR[self.opts.dst_host],
-                                 self.livemig, self.events, self.progress.step)
+                                 self.livemig, self.events, self.progress.step,
+                                 tls=self.engine.plan.tls is not None)
             await self.copy.start()
             if self.livemig["disk-schedule"] in ("first", "libvirt"):
                 await self.copy.wait_ready(self.t_migrate, self.opts.max_time,
@@ -575,7 +589,8 @@ class LabRun(Hooks):
         o = self.opts
         hints = Hints(link_rate=o.link / 8 if o.testbed and o.link else None,
                       file_sampler=pagesample.FileSampler(self.src.config.mem_path),
-                      scratch=self.run_dir)
+                      scratch=self.run_dir,
+                      tls=tls_creds.enabled(o.tls, one_host=not o.testbed))
         self.adapted = await adapt(self.src.endpoint, self.plan, hints, self.events)
         self.encoding = self.adapted.encoding
 

@@ -19,6 +19,7 @@ from typing import Any
 from qemu.qmp import EventListener, QMPClient
 
 from livemig.errors import VMError
+from livemig.tls import qmp as tls_qmp
 
 JOB = "livemig-mirror"
 TARGET = "livemig-mirror-target"
@@ -73,8 +74,9 @@ class DiskMirror:
     """One disk, mirrored from the source QEMU into the destination's NBD export."""
 
     def __init__(self, src: Cmd, dst: Cmd, dst_host: str, node: str, granularity: int,
-                 speed: int, copy_mode: str) -> None:
+                 speed: int, copy_mode: str, tls: bool = False) -> None:
         self.src, self.dst = src, dst
+        self.tls = tls  # the export over TLS with the migration's credential objects
         self.dst_host = dst_host
         self.node = node
         self.granularity = granularity
@@ -86,13 +88,18 @@ class DiskMirror:
 
     async def start(self) -> None:
         addr = {"type": "inet", "host": self.dst_host, "port": str(NBD_PORT)}
+        server_tls: dict[str, str] = {}
+        client_tls: dict[str, str] = {}
+        if self.tls:  # objects added with the migration's (livemig.tls.qmp)
+            server_tls = {"tls-creds": tls_qmp.CREDS_ID, "tls-authz": tls_qmp.AUTHZ_ID}
+            client_tls = {"tls-creds": tls_qmp.CREDS_ID, "tls-hostname": self.dst_host}
         # nbd-server-start still takes the legacy (boxed) socket address
         await self.dst("nbd-server-start", addr={"type": "inet", "data": dict(
-            host=self.dst_host, port=str(NBD_PORT))})
+            host=self.dst_host, port=str(NBD_PORT))}, **server_tls)
         await self.dst("block-export-add", type="nbd", id=EXPORT, **{"node-name": self.node},
                        name=EXPORT, writable=True)
         await self.src("blockdev-add", driver="nbd", **{"node-name": TARGET},
-                       server=addr, export=EXPORT)
+                       server=addr, export=EXPORT, **client_tls)
         self.stats.started = time.time()
         args: dict[str, Any] = {"job-id": JOB, "device": self.node, "target": TARGET,
                                 "sync": "full", "granularity": self.granularity,

@@ -52,6 +52,10 @@ BYTES_TIE = 0.05  # byte counts this close count as equal: then the cheaper CPU 
 MAX_Q = 0.5  # re-send rounds must at least halve: else a throttle has to help
 MIN_DELTA_CACHE = 64 << 20
 HOST_SHARE = 4  # the delta cache takes at most 1/4 of the host's available memory
+# bytes/s one CPU encrypts and sends over TLS (gnutls' AES-256-GCM with AES-NI and
+# PCLMUL): measured, docs/results/tls-cost.md; it costs per byte *sent*, so a codec
+# that shrinks the stream pays less of it
+TLS_SPEED = 2e9
 DELTA_KEY = "x-multifd-lz4-delta-cache-size"
 
 # a --set of any of these: no automatic choice
@@ -78,6 +82,7 @@ class Context:
     host_available: int | None = None  # bytes of host memory available (MemAvailable)
     codecs: frozenset[str] = frozenset({"zstd", "plain"})  # multifd codecs of the QEMU
     delta: bool = False  # the QEMU has lz4 delta encoding (patched)
+    tls: bool = False  # the stream is encrypted: each byte sent costs TLS_SPEED's CPU
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,8 @@ def measure_codecs(pages: list[bytes], names: frozenset[str],
 def page_rate(c: Codec, ctx: Context) -> float:
     """Guest bytes per second the stream moves with codec ``c``: CPU- or link-bound."""
     link = ctx.link_rate or UNSHAPED
-    return min(ctx.cpus * c.speed, link * c.ratio)
+    speed = 1.0 / (1.0 / c.speed + 1.0 / (c.ratio * TLS_SPEED)) if ctx.tls else c.speed
+    return min(ctx.cpus * speed, link * c.ratio)
 
 
 def delta_cache(ctx: Context) -> int:

@@ -3,10 +3,16 @@
 Each of lm-src and lm-dst gets a privileged ``libvirtd`` of its own, so that a domain
 really moves from one daemon to another the way it does between two machines:
 
-- its own network namespace (the host's), listening on TCP on the host's migration
-  address, so ``qemu+tcp://10.77.0.1/system`` and ``qemu+tcp://10.77.0.2/system``
-  reach one each; **no authentication and no TLS** (``auth_tcp = "none"``): this is a
-  test lab on one machine, never a deployment;
+- its own network namespace (the host's), listening on the host's migration
+  address with TLS, so ``qemu+tls://10.77.0.1/system?pkipath=...`` and
+  ``qemu+tls://10.77.0.2/system?pkipath=...`` reach one each (:func:`uri`): the
+  daemon's certificate is the host's from the testbed's PKI
+  (:mod:`livemig.tls.testbed`), and it accepts clients with a certificate of either
+  testbed host only (``tls_allowed_dn_list``). Its QEMUs migrate over TLS with the
+  same certificates (``migrate_tls_x509_cert_dir``, peers verified) when asked
+  (``VIR_MIGRATE_TLS``: ``livemig migrate --domain`` between the two hosts). Plain
+  TCP without authentication (``auth_tcp = "none"``, :func:`tcp_uri`) stays open
+  for users who ask for it: this is a test lab on one machine, never a deployment;
 - its own mount and UTS namespaces: ``/etc/libvirt``, ``/run/libvirt``,
   ``/var/lib/libvirt``, ``/var/cache/libvirt`` and ``/var/log/libvirt`` are bind
   mounts of ``/run/livemig/libvirt/<host>/{etc,run,lib,cache,log}``, so configuration,
@@ -44,9 +50,12 @@ from typing import Any
 from livemig import paths
 from livemig.errors import SetupError
 from livemig.testbed import netns, topology
+from livemig.tls import pki
+from livemig.tls import testbed as tls_testbed
 
 SIDES = ("src", "dst")
 TCP_PORT = 16509
+TLS_PORT = 16514  # libvirt's default for qemu+tls
 START_TIMEOUT = 30.0
 # inside the daemon's mount namespace: where each per-host directory is mounted
 _MOUNTS = {"etc": "/etc/libvirt", "run": "/run/libvirt", "lib": "/var/lib/libvirt",
@@ -66,7 +75,15 @@ def host_dir(side: str) -> Path:
 
 
 def uri(side: str) -> str:
-    """The URI a client (or the other daemon) uses to reach ``side``'s daemon."""
+    """The URI a client (or the other daemon) uses to reach ``side``'s daemon: TLS,
+    with the testbed PKI's source-host client certificate (the daemons accept either
+    host's, so the same URI works from the other daemon, peer to peer)."""
+    return (f"qemu+tls://{topology.MIG_ADDR[side]}/system"
+            f"?pkipath={tls_testbed.host_dir('src')}")
+
+
+def tcp_uri(side: str) -> str:
+    """Plain TCP without authentication (still open, for users who ask for it)."""
     return f"qemu+tcp://{topology.MIG_ADDR[side]}/system"
 
 
@@ -111,11 +128,19 @@ def is_running(side: str) -> bool:
 
 
 def _libvirtd_conf(side: str, host_uuid: str) -> str:
+    host_pki = tls_testbed.host_dir(side)
+    peers = ", ".join(f'"{pki.subject(topology.HOSTS[s]).rfc4514_string()}"' for s in SIDES)
     return "\n".join([
-        "# livemig testbed: TEST LAB ONLY - plain TCP without authentication",
-        "listen_tls = 0",
+        "# livemig testbed: TLS with the testbed's PKI; TEST LAB ONLY - plain TCP "
+        "without authentication too",
+        "listen_tls = 1",
         "listen_tcp = 1",
         f'listen_addr = "{topology.MIG_ADDR[side]}"',
+        f'tls_port = "{TLS_PORT}"',
+        f'ca_file = "{host_pki / "ca-cert.pem"}"',
+        f'cert_file = "{host_pki / "server-cert.pem"}"',
+        f'key_file = "{host_pki / "server-key.pem"}"',
+        f"tls_allowed_dn_list = [{peers}]",
         f'tcp_port = "{TCP_PORT}"',
         'auth_tcp = "none"',
         'auth_unix_rw = "none"',
@@ -143,6 +168,10 @@ def _qemu_conf(side: str) -> str:
         # source is told this address (the host name would not resolve)
         f'migration_address = "{addr}"',
         f'migration_host = "{addr}"',
+        # VIR_MIGRATE_TLS: the host's certificates from the testbed's PKI, and the
+        # peer's checked against the CA (the stream and the NBD disk copy)
+        f'migrate_tls_x509_cert_dir = "{tls_testbed.host_dir(side)}"',
+        "migrate_tls_x509_verify = 1",
         "",
     ])
 
@@ -196,7 +225,8 @@ def _wait_ready(side: str, proc: subprocess.Popen[bytes], deadline: float) -> No
             out = (host_dir(side) / "daemon.out").read_text(errors="replace").strip()
             raise SetupError(f"libvirtd on {side} exited with status {proc.returncode}: "
                              f"{out.splitlines()[-1] if out else 'see its log'}")
-        if sock.exists() and daemon_pid(side) and _tcp_open(side, addr):
+        if sock.exists() and daemon_pid(side) and _tcp_open(side, addr) \
+                and _tcp_open(side, (addr[0], TLS_PORT)):
             return
         time.sleep(0.1)
     raise SetupError(f"libvirtd on {side} did not come up within {START_TIMEOUT:.0f} s "
@@ -223,6 +253,7 @@ def up() -> dict[str, str]:
         if is_running(side):
             continue
         host_uuid = str(uuid.uuid4())
+        tls_testbed.ensure()
         d = _prepare(side, host_uuid)
         log = (d / "daemon.out").open("wb")
         proc = subprocess.Popen(

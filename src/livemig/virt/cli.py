@@ -10,6 +10,7 @@ from typing import Any
 from livemig.errors import FaultInjectionRefused, UsageError
 from livemig.progress import Progress
 from livemig.settings import merge, parse_sets
+from livemig.tls.creds import enabled, libvirt_one_host
 from livemig.units import parse_size
 from livemig.virt import record
 from livemig.virt.plan import Request
@@ -30,6 +31,9 @@ def options(a: argparse.Namespace, defaults: dict[str, Any]) -> DomainOptions:
                          "the guest), not with --domain")
     if a.max_time is not None and not (math.isfinite(a.max_time) and a.max_time > 0):
         raise UsageError("--max-time must be positive")
+    if getattr(a, "tls_dir", None) is not None:
+        raise UsageError("--tls-dir is for attach runs: under libvirt each daemon's "
+                         "qemu.conf names its certificates (migrate_tls_x509_cert_dir)")
     if a.report and a.report.is_dir():
         raise UsageError(f"--report {a.report} is a directory")
     sets = parse_sets(a.set)
@@ -37,7 +41,8 @@ def options(a: argparse.Namespace, defaults: dict[str, Any]) -> DomainOptions:
     req = Request(storage=a.storage,
                   bandwidth=parse_size(a.bandwidth, "--bandwidth") if a.bandwidth else None,
                   unsafe=a.unsafe, verify=not a.no_verify, migrate_uri=a.migrate_uri,
-                  ram_fault=offset if kind == "ram-byte" else None)
+                  ram_fault=offset if kind == "ram-byte" else None,
+                  tls=enabled(a.tls, one_host=libvirt_one_host(a.connect, a.to)))
     return DomainOptions(domain=a.domain, src_uri=a.connect, dst_uri=a.to,
                          profile=a.profile, wanted=merge(a.profile, sets),
                          explicit=frozenset(sets), request=req, max_time=a.max_time,

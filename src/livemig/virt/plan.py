@@ -50,6 +50,7 @@ COMPRESSED = 1 << 11
 ABORT_ON_ERROR = 1 << 12
 AUTO_CONVERGE = 1 << 13
 POSTCOPY = 1 << 15
+TLS = 1 << 16
 PARALLEL = 1 << 17
 ZEROCOPY = 1 << 20
 
@@ -58,7 +59,7 @@ FLAG_NAMES = {LIVE: "live", PEER2PEER: "peer2peer", PERSIST_DEST: "persist_dest"
               NON_SHARED_DISK: "non_shared_disk", UNSAFE: "unsafe",
               COMPRESSED: "compressed", ABORT_ON_ERROR: "abort_on_error",
               AUTO_CONVERGE: "auto_converge", POSTCOPY: "postcopy",
-              PARALLEL: "parallel", ZEROCOPY: "zerocopy"}
+              TLS: "tls", PARALLEL: "parallel", ZEROCOPY: "zerocopy"}
 
 P_BANDWIDTH = "bandwidth"  # MiB/s
 P_BANDWIDTH_POSTCOPY = "bandwidth.postcopy"  # MiB/s too
@@ -126,6 +127,7 @@ class Request:
     verify: bool = True
     migrate_uri: str | None = None  # where the data goes (default: libvirt's choice)
     ram_fault: int | None = None  # debug: the destination flips this byte before the check
+    tls: bool = False  # VIR_MIGRATE_TLS: the stream and the NBD disk copy over TLS
 
 
 @dataclass(frozen=True)
@@ -292,6 +294,8 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
             params[P_BANDWIDTH_POSTCOPY] = _mib(req.bandwidth)
     if req.migrate_uri:
         params[P_URI] = req.migrate_uri
+    if req.tls:  # the daemons' qemu.conf names the certificates (migrate_tls_x509_*)
+        flags |= TLS
     if req.verify and req.storage == "copy":
         flags |= PAUSED  # the images are compared before the destination runs
     dst_globals = {k: str(v) for k, v in src_qmp.items() if k in STREAM_PARAMS}
