@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from livemig.control import Controller
+from livemig.engine.actuator import DiskTargets
 from livemig.policy import pinning
 from livemig.policy.base import SetIoThrottle, SetMirrorSpeed, SetRamBandwidth, Snapshot
 from livemig.policy.disk import (
@@ -133,7 +134,8 @@ async def _controller_disk_actions():
 
     settings = {"throttle": "off", "disk-schedule": "first", "io-qos": True,
                 "on-stall": "force"}
-    c = Controller(settings, {}, "tcg", 300, lambda *a: None, disk_link=LINK)
+    c = Controller(settings, {}, "tcg", 300, lambda *a: None, disk_link=LINK,
+                   disk=DiskTargets("livemig-mirror", "vdisk0"))
     assert [p.name for p in c.policies] == ["disk-first", "io-qos"]
     await c.apply(SetMirrorSpeed("x", 5 * MB), cmd)
     await c.apply(SetRamBandwidth("x", 100 * MB), cmd)

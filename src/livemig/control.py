@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict
 from typing import Any
 
+from livemig.engine.actuator import DiskTargets
 from livemig.engine.decision import CONTINUE, Decision, Verdict
 from livemig.errors import UsageError, VMError
-from livemig.lab.storage import JOB as MIRROR_JOB
 from livemig.policy.base import (
     AbortMigration,
     Action,
@@ -53,9 +53,6 @@ THROTTLE_CANCEL = "cancel-cpu-throttle"
 THROTTLE_LEASE_MS = 1000
 THROTTLES = ("off", "auto-converge", "reference", "direct", "staged", "converge",
              "dirty-limit")
-# the guest disk's QOM path (livemig.lab.vm: -device virtio-blk-pci,id=vdisk0; the block
-# backend hangs off the inner virtio device)
-GUEST_DISK = "/machine/peripheral/vdisk0/virtio-backend"
 
 Command = Callable[..., Awaitable[Any]]
 
@@ -64,11 +61,16 @@ class Controller:
     def __init__(self, settings: dict[str, Any], qemu_params: dict[str, Any], accel: str,
                  downtime_ms: int, record: Callable[[str, dict[str, Any]], None],
                  disk_link: float | None = None, ram_cap: int | None = None,
-                 qemu_commands: Collection[str] = ()) -> None:
-        """``disk_link``: bytes/s of the link when the disk is copied (None: no disk
-        policies); ``ram_cap``: an explicit --bandwidth; ``qemu_commands``: the
-        source's QMP commands (``query-commands``)."""
+                 qemu_commands: Collection[str] = (),
+                 disk: DiskTargets | None = None) -> None:
+        """``disk_link``: bytes/s of the link when the disk is copied and ``disk`` what
+        the disk policies act on (either None: no disk policies); ``ram_cap``: an
+        explicit --bandwidth; ``qemu_commands``: the source's QMP commands
+        (``query-commands``)."""
         self.record = record
+        self.disk = disk
+        if disk is None:
+            disk_link = None
         self.throttle_mode = str(settings.get("throttle", "off"))
         if self.throttle_mode not in THROTTLES:
             raise UsageError(f"bad --set throttle={self.throttle_mode}: choose from "
@@ -160,15 +162,16 @@ class Controller:
             await cmd("migrate-start-postcopy")
         elif isinstance(a, SetRamBandwidth):
             await self._set(cmd, **{"max-bandwidth": a.bytes_per_s})
-        elif isinstance(a, SetMirrorSpeed):
-            await self._try(cmd, "block-job-set-speed", device=MIRROR_JOB,
+        elif isinstance(a, SetMirrorSpeed) and self.disk is not None:
+            await self._try(cmd, "block-job-set-speed", device=self.disk.block_job,
                             speed=a.bytes_per_s)
-        elif isinstance(a, SetIoThrottle):
+        elif isinstance(a, SetIoThrottle) and self.disk is not None:
             self.io_cap = a.write_bytes_per_s
             await self._io_throttle(cmd, a.write_bytes_per_s)
 
     async def _io_throttle(self, cmd: Command, write_bps: int) -> None:
-        await self._try(cmd, "block_set_io_throttle", id=GUEST_DISK, bps=0, bps_rd=0,
+        assert self.disk is not None
+        await self._try(cmd, "block_set_io_throttle", id=self.disk.io_device, bps=0, bps_rd=0,
                         bps_wr=write_bps, iops=0, iops_rd=0, iops_wr=0)
 
     async def _try(self, cmd: Command, command: str, **args: Any) -> None:

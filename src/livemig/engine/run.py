@@ -26,6 +26,7 @@ from typing import Any
 
 from livemig.control import Controller
 from livemig.engine import guardian
+from livemig.engine.actuator import DiskTargets
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
 from livemig.engine.monitor import Monitor
@@ -53,7 +54,9 @@ class Hooks:
     The lab overrides them: warm-up, disk mirror, thread pinning, guest metrics in
     the timeline, fault injection before the comparison, the disk comparison."""
 
-    def disk_link(self) -> float | None:
+    def disk_targets(self) -> DiskTargets | None:
+        """What the disk policies act on when the caller copies the disk (the plan's
+        ``disk_link`` is the link they share); None: no disk policies."""
         return None
 
     async def warmup(self) -> None:
@@ -153,7 +156,8 @@ class Engine:
             self.neg.resolved.livemig, params, p.accel,
             int(self.neg.parameters.get("downtime-limit", params.get("downtime-limit", 300))),
             lambda what, data: self.events.event(what, **data),
-            disk_link=self.hooks.disk_link(), ram_cap=p.bandwidth, qemu_commands=commands)
+            disk_link=p.disk_link, ram_cap=p.bandwidth, qemu_commands=commands,
+            disk=self.hooks.disk_targets())
         await apply(self.src, self.dst, self.neg)
         self.events.event("settings applied", **self.neg.resolved.as_dict())
         if self.guardian_dir is not None:

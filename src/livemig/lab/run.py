@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from livemig import metrics, paths
-from livemig.control import GUEST_DISK
+from livemig.engine.actuator import DiskTargets
 from livemig.engine.decision import Decision
 from livemig.engine.events import EventStream, progress_listener
 from livemig.engine.observe import Observation
@@ -43,8 +43,8 @@ from livemig.lab.faults import Fault
 from livemig.lab.leftovers import RunState, reap
 from livemig.lab.net import NetSpec
 from livemig.lab.service import ServiceRun
+from livemig.lab.storage import GUEST_DISK, DiskMirror
 from livemig.lab.storage import JOB as MIRROR_JOB
-from livemig.lab.storage import DiskMirror
 from livemig.lab.vm import VM, Disk, VMConfig, is_migration_thread
 from livemig.policy import encoding, pinning
 from livemig.policy.base import Snapshot
@@ -266,8 +266,10 @@ class LabRun(Hooks):
         self.dst, self.dst_agent = await self._launch("dst", dst_disks, incoming=True)
 
     # -- engine hooks -----------------------------------------------------------------
-    def disk_link(self) -> float | None:
-        return self.plan.disk_link
+    def disk_targets(self) -> DiskTargets | None:
+        if self.opts.storage != "copy":
+            return None
+        return DiskTargets(block_job=MIRROR_JOB, io_device=GUEST_DISK)
 
     async def warmup(self) -> None:
         warm = float(self.livemig["warmup"])
