@@ -332,13 +332,12 @@ class LabRun(Hooks):
 
     def _policy_tick(self) -> Any:
         """The disk policies act while the disk copies before RAM (IO QoS)."""
-        c = self.engine.controller if self.engine is not None else None
+        c = self.engine.executor if self.engine is not None else None
         if c is None or not c.active or self.src is None:
             return None
-        cmd = self.src.cmd
 
         async def tick(snap: Snapshot) -> None:
-            v = await c.tick(snap, cmd)
+            v = await c.tick(snap)
             if v.decision is Decision.CANCEL:  # a policy gave up while the disk copies
                 raise Interrupted(v.reason)
 
