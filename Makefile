@@ -54,8 +54,11 @@ demo: setup
 	mkdir -p reports
 	livemig migrate $(DEMO_ARGS)
 
+# lint-imports: the import contracts in pyproject.toml (the engine imports none of its
+# callers; the policies only policy, errors and units)
 lint: venv
 	$(BIN)/ruff check src tests
+	$(BIN)/lint-imports --no-cache
 
 unit: venv
 	$(BIN)/pytest -q -m "not vm and not testbed" $(PYTEST_ARGS)

@@ -223,3 +223,57 @@ def test_disk_check_is_planned_and_checked() -> None:
     assert plan_for("defaults", **copy).disk_check == "auto"
     with pytest.raises(UsageError, match=r"bad --set disk-check=nbd: .*auto.*file.*stream"):
         plan_for("defaults", {"disk-check": "nbd"}, **copy)
+
+
+# -- the whole profile under libvirt: drain, IO QoS, and what cannot apply --------------
+DRAIN = P.QemuInfo(STOCK_CAPS | {"x-switchover-drain"}, PATCHED_CMD.parameters,
+                   PATCHED_CMD.commands)
+
+
+def test_drain_is_set_beside_return_path_on_the_source_only() -> None:
+    p = plan_for("livemig", qemu=DRAIN)
+    assert p.drain
+    assert p.src_caps["x-switchover-drain"] is True and p.src_caps["return-path"] is True
+    assert "x-switchover-drain" not in p.dst_globals  # the destination only answers PINGs
+    assert not any("switchover-drain" in n for n in p.notes)
+
+
+def test_drain_without_the_patch_is_said_or_refused() -> None:
+    p = plan_for("livemig", qemu=PATCHED_CMD)
+    assert not p.drain and "x-switchover-drain" not in p.src_caps
+    assert any(n.startswith("switchover-drain not applied: the domain's QEMU has no")
+               for n in p.notes)
+    with pytest.raises(UsageError, match="switchover-drain=on needs the patched QEMU"):
+        plan_for("livemig", {"switchover-drain": "on"}, qemu=PATCHED_CMD)
+    assert not plan_for("livemig", {"switchover-drain": "off"}, qemu=DRAIN).drain
+
+
+def test_io_qos_with_copied_storage_and_said_without() -> None:
+    p = plan_for("livemig", qemu=DRAIN, storage="copy", disks=("vda",))
+    assert p.io_qos and p.as_dict()["io_qos"]
+    assert not any(n.startswith("io-qos") for n in p.notes)
+    # the disk copy is libvirt's: the link share and the mirror's knobs are said
+    for key in ("disk-schedule", "disk-granularity", "disk-copy-mode"):
+        assert any(n.startswith(f"{key} not applied: libvirt") for n in p.notes), key
+    p = plan_for("livemig", qemu=DRAIN)
+    assert not p.io_qos
+    assert "io-qos not applied: no disk is copied (--storage shared)" in p.notes
+    assert "disk-schedule not applied: no disk is copied (--storage shared)" in p.notes
+
+
+def test_pin_is_said_with_why_never_silently() -> None:
+    p = plan_for("livemig", qemu=DRAIN)
+    assert any(n.startswith("pin not applied: libvirt 9.0 takes a modify job") for n in p.notes)
+    # the defaults ask for nothing libvirt cannot do: nothing to say
+    assert plan_for("defaults", qemu=DRAIN).notes == ()
+
+
+def test_lab_settings_given_explicitly_are_said() -> None:
+    p = plan_for("defaults", {"warmup": "5", "client-stream": "udp"})
+    assert any(n.startswith("warmup not applied: a lab-run setting") for n in p.notes)
+    assert any(n.startswith("client-stream not applied") for n in p.notes)
+
+
+def test_disk_write_rate_reaches_the_snapshot() -> None:
+    s = snapshot(1.0, {"disk_remaining": 5 << 20, "disk_total": 64 << 20}, 0, 3e6)
+    assert s.disk_write_rate == 3e6 and s.disk_remaining == 5 << 20

@@ -6,7 +6,9 @@ import asyncio
 
 import pytest
 
-from livemig.control import Controller
+from livemig.engine.actuator import DiskTargets
+from livemig.engine.executor import PolicyConfig, PolicyExecutor
+from livemig.engine.qmpactuator import QmpActuator
 from livemig.policy import pinning
 from livemig.policy.base import SetIoThrottle, SetMirrorSpeed, SetRamBandwidth, Snapshot
 from livemig.policy.disk import (
@@ -120,11 +122,11 @@ def test_pinning_on_and_off():
     assert not pinning.is_vcpu_thread("live_migration")
 
 
-def test_controller_applies_disk_actions_and_removes_the_io_cap():
-    asyncio.run(_controller_disk_actions())
+def test_executor_applies_disk_actions_and_removes_the_io_cap():
+    asyncio.run(_executor_disk_actions())
 
 
-async def _controller_disk_actions():
+async def _executor_disk_actions():
     calls = []
 
     async def cmd(command, **args):
@@ -133,12 +135,14 @@ async def _controller_disk_actions():
 
     settings = {"throttle": "off", "disk-schedule": "first", "io-qos": True,
                 "on-stall": "force"}
-    c = Controller(settings, {}, "tcg", 300, lambda *a: None, disk_link=LINK)
+    c = PolicyExecutor(PolicyConfig.from_settings(settings, 300, disk_link=LINK),
+                       QmpActuator(cmd, DiskTargets("livemig-mirror", "vdisk0")),
+                       lambda *a: None)
     assert [p.name for p in c.policies] == ["disk-first", "io-qos"]
-    await c.apply(SetMirrorSpeed("x", 5 * MB), cmd)
-    await c.apply(SetRamBandwidth("x", 100 * MB), cmd)
-    await c.apply(SetIoThrottle("x", 2 * MB), cmd)
-    await c.release(cmd)
+    await c.apply(SetMirrorSpeed("x", 5 * MB))
+    await c.apply(SetRamBandwidth("x", 100 * MB))
+    await c.apply(SetIoThrottle("x", 2 * MB))
+    await c.release()
     assert calls[0] == ("block-job-set-speed", {"device": "livemig-mirror", "speed": 5 * MB})
     assert calls[1] == ("migrate-set-parameters", {"max-bandwidth": 100 * MB})
     assert calls[2][0] == "block_set_io_throttle" and calls[2][1]["bps_wr"] == 2 * MB

@@ -120,39 +120,38 @@ def test_last_resort(mode, kind):
     assert lr.react(StrategyExhausted("x"), snap(1, 6, MB)) == []
 
 
-def test_controller_survives_a_migration_that_ended_under_it():
+def test_executor_survives_a_migration_that_ended_under_it():
     import asyncio
 
-    from livemig.control import Controller
+    from livemig.engine.executor import PolicyConfig, PolicyExecutor
+    from livemig.engine.qmpactuator import QmpActuator
     from livemig.errors import VMError
 
     events = []
-    c = Controller({"throttle": "reference", "on-stall": "force"},
-                   {}, "tcg", 300, lambda what, data: events.append(what),
-                   qemu_commands={"set-cpu-throttle", "cancel-cpu-throttle"})
 
     async def refusing(*_args, **_kw):
         raise VMError("src: set-cpu-throttle: no outgoing migration is running")
 
+    c = PolicyExecutor(PolicyConfig(throttle="reference"), QmpActuator(refusing),
+                       lambda what, data: events.append(what))
     trace = [snap(0, 1, 900 * MB), snap(1, 2, 100 * MB), snap(2, 3, 99 * MB)]
 
     async def run():
         for s in trace:
-            await c.tick(s, refusing)
+            await c.tick(s)
 
     asyncio.run(run())
     assert "action SetThrottle" in events and "action not applied" in events
 
 
-def test_controller_turns_actions_into_one_decision():
-    from livemig.control import Controller
+def test_executor_turns_actions_into_one_decision():
     from livemig.engine.decision import Decision
+    from livemig.engine.executor import verdict
     from livemig.policy.base import SetDowntimeLimit
 
-    c = Controller({"throttle": "off"}, {}, "tcg", 300, lambda what, data: None)
-    assert c.verdict([SetDowntimeLimit("x", 450)]).decision is Decision.CONTINUE
-    v = c.verdict([SetDowntimeLimit("x", 450), AbortMigration("give up"),
-                   ForceSwitchover("force")])
+    assert verdict([SetDowntimeLimit("x", 450)]).decision is Decision.CONTINUE
+    v = verdict([SetDowntimeLimit("x", 450), AbortMigration("give up"),
+                 ForceSwitchover("force")])
     assert (v.decision, v.reason) == (Decision.CANCEL, "give up")
-    assert c.verdict([StartPostcopy("pc")]).decision is Decision.POSTCOPY
-    assert c.verdict([ForceSwitchover("f")]).decision is Decision.FORCE
+    assert verdict([StartPostcopy("pc")]).decision is Decision.POSTCOPY
+    assert verdict([ForceSwitchover("f")]).decision is Decision.FORCE

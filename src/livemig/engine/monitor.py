@@ -1,7 +1,7 @@
 """The monitor: one fixed-period loop with absolute deadlines.
 
 Each period the source is polled once (``query-migrate``), the reply parsed once
-into an :class:`Observation`, the policies run (the controller returns a
+into an :class:`Observation`, the policies run (the executor returns a
 :class:`Verdict`), and then the loop waits for the next tick — woken early by the
 source's ``MIGRATION`` events. ``MIGRATION_PASS`` events mark round boundaries.
 Whatever decides to cancel (a policy, ``--max-time``, Ctrl-C, a dead destination)
@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from livemig.engine.decision import CONTINUE, Decision, Verdict
@@ -24,6 +24,7 @@ from livemig.engine.events import EventStream
 from livemig.engine.observe import Observation
 from livemig.engine.stall import StallWatch
 from livemig.errors import VMError
+from livemig.policy.base import Snapshot
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -32,12 +33,13 @@ CANCEL_TIMEOUT_S = 60.0  # QEMU must reach a terminal state this long after a ca
 
 
 class Policies(Protocol):
-    """The controller as the monitor sees it (:class:`livemig.control.Controller`)."""
+    """The policy executor as the monitor sees it
+    (:class:`livemig.engine.executor.PolicyExecutor`)."""
 
     @property
     def active(self) -> bool: ...
 
-    async def tick(self, s: Any, cmd: Callable[..., Awaitable[Any]]) -> Verdict: ...
+    async def tick(self, s: Snapshot) -> Verdict: ...
 
 
 class MonitorHooks(Protocol):
@@ -118,7 +120,7 @@ class Monitor:
         verdict = CONTINUE
         p = self.policies
         if p is not None and p.active and obs.status == "active":
-            verdict = await p.tick(obs.snapshot(self.hooks.disk_observation()), self.src.cmd)
+            verdict = await p.tick(obs.snapshot(self.hooks.disk_observation()))
         if verdict.decision is Decision.CANCEL:
             return verdict
         if self.interrupt.is_set():

@@ -24,14 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from livemig.control import Controller
 from livemig.engine import guardian
+from livemig.engine.actuator import DiskTargets
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
+from livemig.engine.executor import PolicyConfig, PolicyExecutor
 from livemig.engine.monitor import Monitor
 from livemig.engine.negotiate import Negotiated, apply, negotiate, restore
 from livemig.engine.observe import TERMINAL, Observation
 from livemig.engine.plan import Plan
+from livemig.engine.qmpactuator import QmpActuator, check_throttle
 from livemig.engine.record import MigrationRecord
 from livemig.engine.verify import RamVerdict, skipped, verify_ram
 from livemig.errors import LivemigError, UsageError, VMError
@@ -54,7 +56,9 @@ class Hooks:
     The lab overrides them: warm-up, disk mirror, thread pinning, guest metrics in
     the timeline, fault injection before the comparison, the disk comparison."""
 
-    def disk_link(self) -> float | None:
+    def disk_targets(self) -> DiskTargets | None:
+        """What the disk policies act on when the caller copies the disk (the plan's
+        ``disk_link`` is the link they share); None: no disk policies."""
         return None
 
     async def warmup(self) -> None:
@@ -126,7 +130,7 @@ class Engine:
         self.id = run_id or uuid.uuid4().hex[:8]
         self.guardian_dir = guardian_dir
         self.neg: Negotiated | None = None
-        self.controller: Controller | None = None
+        self.executor: PolicyExecutor | None = None
         self.timeline: list[dict[str, Any]] = []
         self.s = _State()
         self.cpu: dict[str, float | None] = {}
@@ -154,11 +158,15 @@ class Engine:
         self.neg = await negotiate(self.src, self.dst, p)
         params = self.neg.original_src.parameters
         commands = {c["name"] for c in await self.src.cmd("query-commands")}
-        self.controller = Controller(
-            self.neg.resolved.livemig, params, p.accel,
-            int(self.neg.parameters.get("downtime-limit", params.get("downtime-limit", 300))),
-            lambda what, data: self.events.event(what, **data),
-            disk_link=self.hooks.disk_link(), ram_cap=p.bandwidth, qemu_commands=commands)
+        lm = self.neg.resolved.livemig
+        check_throttle(str(lm.get("throttle", "off")), p.accel, commands)
+        disk = self.hooks.disk_targets()
+        downtime = int(self.neg.parameters.get("downtime-limit",
+                                               params.get("downtime-limit", 300)))
+        self.executor = PolicyExecutor(
+            PolicyConfig.from_settings(lm, downtime, disk_link=p.disk_link if disk else None,
+                                       ram_cap=p.bandwidth),
+            QmpActuator(self.src.cmd, disk), lambda what, data: self.events.event(what, **data))
         if self.guardian_dir is not None:  # before the first setting is changed
             self._guardian = guardian.start(self._guardian_spec(), self.guardian_dir)
         await apply(self.src, self.dst, self.neg)
@@ -175,7 +183,7 @@ class Engine:
         await self.src.cmd("migrate", uri=p.uri)
         self.events.say("migration started")
         mon = Monitor(self.src, self.events, float(self.neg.resolved.livemig["poll-interval"]),
-                      self.s.t_migrate, p.max_time, self.interrupt, self.controller,
+                      self.s.t_migrate, p.max_time, self.interrupt, self.executor,
                       self.hooks, self.timeline, dst=self.dst,
                       stall_timeout=float(self.neg.resolved.livemig["stall-timeout"]),
                       release=self._release_controls)
@@ -351,8 +359,8 @@ class Engine:
 
     async def _release_controls(self) -> None:
         """No throttle and no IO cap survive the migration, whatever its outcome."""
-        if self.controller is not None and self.src.alive():
-            await self.controller.release(self.src.cmd)
+        if self.executor is not None and self.src.alive():
+            await self.executor.release()
         with contextlib.suppress(LivemigError):
             if self.src.alive() and await self.src.has_command("cancel-cpu-throttle"):
                 await self.src.cmd("cancel-cpu-throttle")

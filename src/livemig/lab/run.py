@@ -28,7 +28,7 @@ from typing import Any
 
 from livemig import metrics, paths, private
 from livemig.attach import run_attach
-from livemig.control import GUEST_DISK
+from livemig.engine.actuator import DiskTargets
 from livemig.engine.adapt import Adapted, Hints, adapt
 from livemig.engine.decision import Decision
 from livemig.engine.events import EventStream, progress_listener
@@ -45,8 +45,8 @@ from livemig.lab.faults import Fault
 from livemig.lab.leftovers import RunState, reap
 from livemig.lab.net import NetSpec
 from livemig.lab.service import ServiceRun
+from livemig.lab.storage import GUEST_DISK, DiskMirror
 from livemig.lab.storage import JOB as MIRROR_JOB
-from livemig.lab.storage import DiskMirror
 from livemig.lab.vm import VM, Disk, VMConfig, is_migration_thread
 from livemig.policy import pinning
 from livemig.policy.base import Snapshot
@@ -296,8 +296,10 @@ class LabRun(Hooks):
         return tls
 
     # -- engine hooks -----------------------------------------------------------------
-    def disk_link(self) -> float | None:
-        return self.plan.disk_link
+    def disk_targets(self) -> DiskTargets | None:
+        if self.opts.storage != "copy":
+            return None
+        return DiskTargets(block_job=MIRROR_JOB, io_device=GUEST_DISK)
 
     async def warmup(self) -> None:
         warm = float(self.livemig["warmup"])
@@ -361,13 +363,12 @@ class LabRun(Hooks):
 
     def _policy_tick(self) -> Any:
         """The disk policies act while the disk copies before RAM (IO QoS)."""
-        c = self.engine.controller if self.engine is not None else None
+        c = self.engine.executor if self.engine is not None else None
         if c is None or not c.active or self.src is None:
             return None
-        cmd = self.src.cmd
 
         async def tick(snap: Snapshot) -> None:
-            v = await c.tick(snap, cmd)
+            v = await c.tick(snap)
             if v.decision is Decision.CANCEL:  # a policy gave up while the disk copies
                 raise Interrupted(v.reason)
 

@@ -22,6 +22,9 @@ from livemig.errors import VMError
 from livemig.tls import qmp as tls_qmp
 
 JOB = "livemig-mirror"
+# the guest disk's QOM path (livemig.lab.vm: -device virtio-blk-pci,id=vdisk0; the block
+# backend hangs off the inner virtio device): where the IO cap goes
+GUEST_DISK = "/machine/peripheral/vdisk0/virtio-backend"
 TARGET = "livemig-mirror-target"
 EXPORT = "livemig-disk0"
 NBD_PORT = 10809

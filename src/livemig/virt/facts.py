@@ -30,6 +30,17 @@ def writable_disks(xml: str) -> dict[str, str]:
     return out
 
 
+def disk_aliases(xml: str) -> dict[str, str]:
+    """target dev -> device alias (libvirt's qdev id, e.g. virtio-disk0) of the
+    running domain's disks (live XML)."""
+    out: dict[str, str] = {}
+    for disk in ET.fromstring(xml).findall("./devices/disk"):
+        tgt, alias = disk.find("target"), disk.find("alias")
+        if tgt is not None and alias is not None and tgt.get("dev") and alias.get("name"):
+            out[str(tgt.get("dev"))] = str(alias.get("name"))
+    return out
+
+
 def emulator(xml: str) -> str | None:
     e = ET.fromstring(xml).find("./devices/emulator")
     return None if e is None else e.text

@@ -25,6 +25,25 @@ capabilities and parameters on *both* QEMUs and resets them afterwards. What lib
 Capabilities libvirt manages itself (``events``, ``return-path``,
 ``pause-before-switchover``, ``late-block-activate``, ``dirty-bitmaps``, ...) are
 refused: libvirt would overwrite them.
+
+The switchover drain (patch 0007, ``x-switchover-drain``) needs ``return-path``, which
+libvirt 9.0 turns on itself for every migration that is not tunnelled
+(``qemu_migration_params.c``: return-path is "forbidden" only with
+``VIR_MIGRATE_TUNNELLED``; livemig never tunnels). QEMU checks the pair when the
+capability is set, so livemig sets both on the source by passthrough before the
+migration; the destination needs neither (it only answers the source's PING). But
+libvirt's reset after a failed or aborted migration turns every capability it knows
+off in one command, and QEMU refuses to drop return-path while the drain is on: the
+reset fails as a whole (measured: multifd, pause-before-switchover and the bandwidth
+stay as the migration set them). So with the drain, livemig restores on a source that
+keeps running what libvirt's reset would have: the capabilities and parameters
+libvirt manages (:data:`LIBVIRT_RESET_CAPS`, :data:`LIBVIRT_RESET_PARAMS`) as they
+were before the migration.
+
+``io-qos`` (with ``--storage copy``) is carried out by the policy executor through the
+libvirt actuator (``virt/actuator.py``: ``block_set_io_throttle`` by passthrough, since
+libvirt refuses ``setBlockIoTune`` beside a migration). What cannot apply under
+libvirt is in the plan's ``notes`` (the report's events), with why: never silently.
 """
 
 from __future__ import annotations
@@ -35,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from livemig.errors import UsageError
-from livemig.settings import LIVEMIG_SETTINGS, _convert_param
+from livemig.settings import DRAIN_CAP, DRAIN_NEEDS, LIVEMIG_SETTINGS, _convert_param
 
 # libvirt's flag and parameter names (values from libvirt-domain.h; the binding is
 # not imported here so that this module stays pure and testable without libvirt)
@@ -94,8 +113,37 @@ LZ4_MARK = "multifd-lz4-acceleration"  # present in the patched build only
 # the destination's first RAM block flipped before it compares)
 RAM_CHECK_CAP = "x-ram-digest-check"
 RAM_CHECK_FAULT = "x-ram-digest-check-fault"
-LAB_ONLY = ("io-qos", "pin", "disk-granularity", "disk-schedule", "disk-speed",
-            "disk-copy-mode", "warmup", "settle", "client-stream")
+# livemig settings a libvirt run cannot carry out, and why (said in the report's
+# events whenever the profile or --set asks for more than the default)
+NOT_UNDER_LIBVIRT = {
+    "pin": "libvirt 9.0 takes a modify job for pinEmulator/pinVcpu, which it does not "
+           "allow beside a migration (the call waits 30 s for the state change lock and "
+           "fails), and a live pinning set before the migration would travel to the "
+           "destination host in the migratable XML",
+    "disk-schedule": "libvirt drives the disk copy (its NBD mirror) and its speed itself",
+    "disk-speed": "libvirt drives the disk copy (its NBD mirror) and its speed itself",
+    "disk-granularity": "libvirt creates the NBD mirror with its own granularity",
+    "disk-copy-mode": "libvirt creates the NBD mirror with its own copy mode",
+    "warmup": "a lab-run setting (livemig does not start the guest's workload)",
+    "settle": "a lab-run setting (livemig does not observe the guest afterwards)",
+    "client-stream": "a lab-run setting (the testbed's client stream)",
+}
+DISK_COPY_SETTINGS = ("io-qos", "disk-schedule", "disk-speed", "disk-granularity",
+                      "disk-copy-mode")
+# what libvirt 9.0 resets after a migration (its qemuMigrationCapability and
+# qemuMigrationParam enums; "events" it keeps on): restored by livemig when the drain
+# made libvirt's reset fail
+LIBVIRT_RESET_CAPS = frozenset({
+    "xbzrle", "auto-converge", "rdma-pin-all", "postcopy-ram", "compress",
+    "pause-before-switchover", "late-block-activate", "multifd", "dirty-bitmaps",
+    "return-path", "zero-copy-send",
+})
+LIBVIRT_RESET_PARAMS = frozenset({
+    "compress-level", "compress-threads", "decompress-threads", "cpu-throttle-initial",
+    "cpu-throttle-increment", "tls-creds", "tls-hostname", "max-bandwidth",
+    "downtime-limit", "block-incremental", "xbzrle-cache-size", "max-postcopy-bandwidth",
+    "multifd-channels", "multifd-compression", "multifd-zlib-level", "multifd-zstd-level",
+})
 POLICY_THROTTLES = ("reference", "direct", "staged", "converge")
 
 
@@ -148,6 +196,8 @@ class Plan:
     ram_check: bool = False  # the source sends RAM digests; the destination compares
     ram_check_why: str = ""  # why not, when it is off
     disk_check: str = "auto"  # auto | file | stream (copied disks, --storage copy)
+    io_qos: bool = False  # cap guest writes to the copied disks while the copy lags
+    drain: bool = False  # x-switchover-drain (and return-path) set on the source
 
     def flag_names(self) -> list[str]:
         return [n for f, n in FLAG_NAMES.items() if self.flags & f]
@@ -163,7 +213,8 @@ class Plan:
                 "poll_interval": self.poll_interval, "notes": list(self.notes),
                 "ram_check": ("in-stream digest" if self.ram_check
                               else f"off: {self.ram_check_why}"),
-                "disk_check": self.disk_check}
+                "disk_check": self.disk_check, "io_qos": self.io_qos,
+                "switchover_drain": self.drain}
 
 
 def _onoff(key: str, value: str) -> bool:
@@ -226,7 +277,7 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
             elif key == "cpu-throttle-increment":
                 params[P_AC_INCREMENT] = int(v)
             elif key == "max-bandwidth":
-                params[P_BANDWIDTH] = _mib(int(v))
+                params[P_BANDWIDTH] = mib(int(v))
             elif key == "downtime-limit":
                 downtime = int(v)
             else:
@@ -273,13 +324,20 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
     on_stall = str(lm["on-stall"])
     if on_stall == "postcopy":
         flags |= POSTCOPY
-    for key in LAB_ONLY:
-        if key in explicit:
-            notes.append(f"{key} not applied: a lab-run setting (livemig does not "
-                         "drive the disk copy or the guest's threads under libvirt)")
-    if "switchover-drain" in explicit and lm["switchover-drain"] != "off":
-        notes.append("switchover-drain not applied: libvirt sets return-path itself, "
-                     "after the capabilities livemig could set")
+    for key, why in NOT_UNDER_LIBVIRT.items():
+        if lm[key] == LIVEMIG_SETTINGS[key].default:
+            continue
+        if key in DISK_COPY_SETTINGS and req.storage != "copy":
+            notes.append(f"{key} not applied: no disk is copied (--storage {req.storage})")
+        else:
+            notes.append(f"{key} not applied: {why}")
+    io_qos = bool(lm["io-qos"]) and req.storage == "copy"
+    if lm["io-qos"] and not io_qos:
+        notes.append(f"io-qos not applied: no disk is copied (--storage {req.storage})")
+    drain = _drain(str(lm["switchover-drain"]), qemu, notes)
+    if drain:
+        src_caps[DRAIN_NEEDS] = True  # libvirt sets it too; QEMU wants it with the drain
+        src_caps[DRAIN_CAP] = True
 
     # storage, bandwidth, destination
     if req.storage == "copy":
@@ -289,9 +347,9 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
     elif req.unsafe:
         flags |= UNSAFE
     if req.bandwidth is not None:
-        params[P_BANDWIDTH] = _mib(req.bandwidth)
+        params[P_BANDWIDTH] = mib(req.bandwidth)
         if flags & POSTCOPY:  # else post-copy runs unlimited
-            params[P_BANDWIDTH_POSTCOPY] = _mib(req.bandwidth)
+            params[P_BANDWIDTH_POSTCOPY] = mib(req.bandwidth)
     if req.migrate_uri:
         params[P_URI] = req.migrate_uri
     if req.tls:  # the daemons' qemu.conf names the certificates (migrate_tls_x509_*)
@@ -312,7 +370,22 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
                 throttle_knob=knob, downtime_ramp=bool(lm["downtime-ramp"]),
                 max_downtime=int(lm["max-downtime"]), on_stall=on_stall,
                 poll_interval=float(lm["poll-interval"]), notes=tuple(notes),
-                ram_check=ram_check, ram_check_why=why, disk_check=str(lm["disk-check"]))
+                ram_check=ram_check, ram_check_why=why, disk_check=str(lm["disk-check"]),
+                io_qos=io_qos, drain=drain)
+
+
+def _drain(mode: str, qemu: QemuInfo, notes: list[str]) -> bool:
+    """Whether the source drains before the switchover (``switchover-drain``)."""
+    if mode == "off":
+        return False
+    if DRAIN_CAP not in qemu.capabilities or DRAIN_NEEDS not in qemu.capabilities:
+        if mode == "on":
+            raise UsageError(f"switchover-drain=on needs the patched QEMU's {DRAIN_CAP} "
+                             "capability (patch 0007); the domain's emulator lacks it")
+        notes.append(f"switchover-drain not applied: the domain's QEMU has no {DRAIN_CAP} "
+                     "capability (patch 0007 of livemig's series)")
+        return False
+    return True
 
 
 def disk_check_method(wanted: str, one_machine: bool) -> str:
@@ -351,7 +424,7 @@ def _ram_check(qemu: QemuInfo, req: Request, flags: int,
     return True, ""
 
 
-def _mib(bytes_per_s: int) -> int:
+def mib(bytes_per_s: int) -> int:
     """libvirt's migration bandwidth is in MiB/s: round up, never to 0 (= unlimited)."""
     return max(1, math.ceil(bytes_per_s / (1 << 20)))
 

@@ -15,37 +15,28 @@ failure or abort libvirt resumes the source; livemig only undoes its own setting
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from livemig.engine.decision import Decision
+from livemig.engine.executor import PolicyConfig, PolicyExecutor
 from livemig.errors import LivemigError, UsageError
-from livemig.policy.base import (
-    AbortMigration,
-    Action,
-    ForceSwitchover,
-    Policy,
-    SetDowntimeLimit,
-    SetRamBandwidth,
-    SetThrottle,
-    StartPostcopy,
-    StrategyExhausted,
-)
-from livemig.policy.converge import ConvergeThrottle
-from livemig.policy.convergence import DowntimeRamp, LastResort
-from livemig.policy.throttle import ThrottlePolicy
 from livemig.progress import Progress
 from livemig.virt import journal, qmp
+from livemig.virt.actuator import IoDevice, LibvirtActuator, io_devices
 from livemig.virt.conn import LibvirtError, find, libvirt_module, lookup, message, open_uri
 from livemig.virt.facts import (
     DiskEnds,
     compare_copied_disks,
     cpu_seconds,
+    disk_aliases,
     disk_formats,
     emulator,
     host_uuid,
@@ -55,14 +46,11 @@ from livemig.virt.facts import (
     writable_disks,
 )
 from livemig.virt.plan import (
-    LEASE_PARAM,
+    LIBVIRT_RESET_CAPS,
+    LIBVIRT_RESET_PARAMS,
     PAUSED,
-    POLICY_THROTTLES,
     RAM_CHECK_CAP,
     STREAM_PARAMS,
-    THROTTLE_CANCEL,
-    THROTTLE_COMMAND,
-    THROTTLE_PARAM,
     Plan,
     Request,
     disk_check_method,
@@ -73,10 +61,10 @@ from livemig.virt.stats import sample_of, snapshot
 
 log = logging.getLogger(__name__)
 
-LEASE_MS = 1000  # the throttle falls back to 0 unless renewed (polls are 4x faster)
 ABORT_WAIT_S = 60.0
 ABORT_RETRY_S = 1.0
 RAM_CHECK_METHOD = f"in-stream digest ({RAM_CHECK_CAP})"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -138,9 +126,10 @@ class DomainMigration:
         self.restore_caps: dict[str, bool] = {}
         self.orig_downtime: int | None = None
         self.downtime_changed = False
-        self.throttle_pct = 0
-        self.policies: list[Policy] = []
-        self.last_resort: LastResort | None = None
+        self.executor: PolicyExecutor | None = None
+        self.actuator: LibvirtActuator | None = None
+        self.disk_written: dict[str, tuple[float, int]] = {}  # target -> (t, wr_bytes)
+        self._aio: asyncio.Runner | None = None  # runs the executor's coroutines
         self.stop_reason: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -196,17 +185,40 @@ class DomainMigration:
         for note in plan.notes:
             self.run.event("not applied", note=note)
             self.progress.step(note)
-        self._apply_source_settings(plan, dict(info.parameters))
+        self._apply_source_settings(plan, dict(info.parameters), info.capabilities)
         start = plan.downtime_ms or int(info.parameters.get("downtime-limit", 300))
-        if plan.throttle == "converge":
-            self.policies.append(ConvergeThrottle(start))
-        elif plan.throttle in POLICY_THROTTLES:
-            self.policies.append(ThrottlePolicy(plan.throttle))
-        if plan.downtime_ramp:
-            self.policies.append(DowntimeRamp(start, plan.max_downtime))
-        self.last_resort = LastResort(plan.on_stall)
+        io = self._io_devices(xml) if plan.io_qos else ()
+        self.actuator = LibvirtActuator(self.dom, lambda ex, **a: qmp.command(self.dom, ex, **a),
+                                        self.libvirt.libvirtError, plan.throttle_knob, io)
+        # libvirt drives the disk copy: no link share (disk-schedule), IO QoS if asked
+        cfg = PolicyConfig(throttle=plan.throttle, downtime_ms=start,
+                           downtime_ramp=plan.downtime_ramp, max_downtime=plan.max_downtime,
+                           on_stall=plan.on_stall, disk_copy=bool(io), io_qos=bool(io))
+        self.executor = PolicyExecutor(cfg, self.actuator,
+                                       lambda what, data: self.run.event(what, **data))
         with contextlib.suppress(self.libvirt.libvirtError):
             self.orig_downtime = int(self.dom.migrateGetMaxDowntime(0))
+
+    def _io_devices(self, xml: str) -> tuple[IoDevice, ...]:
+        """The copied disks' devices the IO cap goes on (io-qos); what is left alone
+        is said in the events."""
+        blocks = qmp.command(self.dom, "query-block") or []
+        found, why = io_devices(blocks, disk_aliases(xml), tuple(self.disks))
+        for w in why:
+            self.run.event("io-qos not applied", disk=w)
+            self.progress.step(f"io-qos not applied: {w}")
+        if found:
+            self.run.event("io-qos", disks={d.target: d.qdev for d in found})
+        return tuple(found)
+
+    def _await(self, coro: Awaitable[T]) -> T:
+        """Run one of the executor's coroutines from this synchronous run."""
+        if self._aio is None:
+            self._aio = asyncio.Runner()
+
+        async def wrap() -> T:
+            return await coro
+        return self._aio.run(wrap())
 
     def _repair_leftovers(self) -> None:
         """Undo what a dead livemig run (kill -9) left set on this domain's QEMU, on
@@ -238,12 +250,20 @@ class DomainMigration:
                                f"{o.domain}: {repaired}")
         journal.remove(o.domain)
 
-    def _apply_source_settings(self, plan: Plan, current: dict[str, Any]) -> None:
+    def _apply_source_settings(self, plan: Plan, current: dict[str, Any],
+                               offered: frozenset[str]) -> None:
         caps: dict[str, bool] = {}
         if plan.src_caps:
             caps = qmp.current_capabilities(self.dom)
         self.restore_caps = {k: caps[k] for k in plan.src_caps if k in caps}
         self.restore_params = {k: current[k] for k in plan.src_qmp if k in current}
+        if plan.drain:
+            # libvirt's own reset fails while the drain is on (see plan): livemig puts
+            # back what it would have, should the source keep running
+            self.restore_caps.update({k: caps[k] for k in LIBVIRT_RESET_CAPS
+                                      if k in offered and k in caps})
+            self.restore_params.update({k: current[k] for k in LIBVIRT_RESET_PARAMS
+                                        if k in current})
         if plan.src_qmp or plan.src_caps or plan.dst_globals:
             journal.write(self.opts.domain, src_uri=self.opts.src_uri,
                           dst_uri=self.opts.dst_uri, params=self.restore_params,
@@ -389,47 +409,38 @@ class DomainMigration:
         return stats
 
     def _tick(self, stats: dict[str, Any]) -> None:
-        assert self.run.t_migrate is not None
+        assert self.run.t_migrate is not None and self.executor is not None
         t = time.time() - self.run.t_migrate
-        snap = snapshot(t, stats, self.throttle_pct)
+        snap = snapshot(t, stats, self.executor.throttle_pct, self._disk_write_rate())
         sample = sample_of(t, stats, snap)
         self.run.timeline.append(sample)
         self.progress.sample(t, sample)
-        actions: list[Action] = []
-        for p in self.policies:
-            actions += p.decide(snap)
-        for a in list(actions):
-            if isinstance(a, StrategyExhausted) and self.last_resort is not None:
-                actions += self.last_resort.react(a, snap)
-        renewed = False
-        for a in actions:
-            renewed |= self._apply(a)
-        if self.throttle_pct and not renewed:
-            self._throttle(self.throttle_pct)  # renew the lease
-
-    def _apply(self, a: Action) -> bool:
-        """Carry out one policy action; True when it set the throttle."""
-        self.run.event(f"action {type(a).__name__}", reason=a.reason)
-        if isinstance(a, SetThrottle):
-            self._throttle(a.percent)
-            return True
-        if isinstance(a, SetDowntimeLimit):
-            self._set_downtime(a.ms, a.reason)
-        elif isinstance(a, ForceSwitchover):
-            self.progress.step(a.reason)
-        elif isinstance(a, AbortMigration):
-            self.stop_reason = a.reason
+        v = self._await(self.executor.tick(snap))
+        if v.decision is Decision.CANCEL:
+            self.stop_reason = v.reason
             self._stop.set()
-        elif isinstance(a, StartPostcopy):
-            self.progress.step(a.reason)
+        elif v.decision in (Decision.FORCE, Decision.POSTCOPY):
+            self.progress.step(v.reason)
+
+    def _disk_write_rate(self) -> float | None:
+        """Bytes/s the guest writes to the copied disks since the last poll (the IO
+        QoS policy's measure; libvirt's blockStats is a query, allowed beside the
+        migration)."""
+        if self.actuator is None or not self.actuator.io:
+            return None
+        now = time.monotonic()
+        total = 0.0
+        for dev in self.actuator.io:
             try:
-                self.dom.migrateStartPostCopy(0)
-            except self.libvirt.libvirtError as e:
-                self.run.event("action not applied", error=message(e))
-        elif isinstance(a, SetRamBandwidth):
-            with contextlib.suppress(self.libvirt.libvirtError):
-                self.dom.migrateSetMaxSpeed(max(1, a.bytes_per_s >> 20), 0)
-        return False
+                wr = int(self.dom.blockStats(dev.target)[3])
+            except self.libvirt.libvirtError:
+                return None
+            before = self.disk_written.get(dev.target)
+            self.disk_written[dev.target] = (now, wr)
+            if before is None or now <= before[0]:
+                return None
+            total += (wr - before[1]) / (now - before[0])
+        return total
 
     def _set_downtime(self, ms: int, why: str) -> bool:
         try:
@@ -441,23 +452,10 @@ class DomainMigration:
         self.run.event("downtime limit", ms=ms, reason=why)
         return True
 
-    def _throttle(self, pct: int) -> None:
-        """The patched direct throttle (a lease: it lapses unless renewed)."""
-        plan = self.run.plan
-        assert plan is not None
-        try:
-            if plan.throttle_knob == "command":
-                if pct:
-                    qmp.command(self.dom, THROTTLE_COMMAND, percent=pct,
-                                **{"lease-ms": LEASE_MS})
-                else:
-                    qmp.command(self.dom, THROTTLE_CANCEL)
-            elif plan.throttle_knob == "parameter":
-                qmp.command(self.dom, "migrate-set-parameters",
-                            **{THROTTLE_PARAM: pct, LEASE_PARAM: LEASE_MS})
-            self.throttle_pct = pct
-        except LibvirtError as e:  # the migration may have ended since the last poll
-            self.run.event("throttle not set", percent=pct, error=str(e))
+    def _release(self) -> None:
+        """No throttle and no IO cap on a source that keeps running."""
+        if self.executor is not None:
+            self._await(self.executor.release())
 
     # -- phase 3 ------------------------------------------------------------------------
     def finish(self) -> None:
@@ -554,6 +552,7 @@ class DomainMigration:
                 "restored": {"parameters": self.restore_params,
                              "capabilities": self.restore_caps,
                              "downtime_ms": self.orig_downtime if self.downtime_changed
+                             or (self.actuator is not None and self.actuator.downtime_set)
                              else None}}
         except (self.libvirt.libvirtError, LivemigError) as e:
             err = message(e) if isinstance(e, self.libvirt.libvirtError) else str(e)
@@ -561,20 +560,24 @@ class DomainMigration:
 
     def _restore_source(self) -> None:
         """Undo livemig's own settings on a source that keeps running."""
-        if self.throttle_pct:
-            self._throttle(0)
+        self._release()
         if self.restore_params:
             qmp.command(self.dom, "migrate-set-parameters", **self.restore_params)
         if self.restore_caps:
             qmp.command(self.dom, "migrate-set-capabilities", capabilities=[
                 {"capability": k, "state": v} for k, v in self.restore_caps.items()])
-        if self.downtime_changed and self.orig_downtime is not None:
+        changed = self.downtime_changed or (self.actuator is not None
+                                            and self.actuator.downtime_set)
+        if changed and self.orig_downtime is not None:
             with contextlib.suppress(self.libvirt.libvirtError):
                 if int(self.dom.migrateGetMaxDowntime(0)) != self.orig_downtime:
                     self.dom.migrateSetMaxDowntime(self.orig_downtime, 0)
         self.run.event("source settings restored")
 
     def cleanup(self) -> None:
+        if self._aio is not None:
+            self._aio.close()
+            self._aio = None
         if self._thread is not None and self._thread.is_alive():
             return  # a call still runs on these connections: leave them to the exit
         if self._event_id is not None:

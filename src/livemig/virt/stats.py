@@ -8,8 +8,10 @@ from typing import Any
 from livemig.policy.base import Snapshot
 
 
-def snapshot(t: float, stats: dict[str, Any], throttle_pct: int) -> Snapshot:
-    """A policy snapshot from libvirt's job statistics."""
+def snapshot(t: float, stats: dict[str, Any], throttle_pct: int,
+             disk_write_rate: float | None = None) -> Snapshot:
+    """A policy snapshot from libvirt's job statistics (``disk_write_rate``: bytes/s the
+    guest writes to the copied disks, from their block statistics)."""
     page = int(stats.get("memory_page_size") or 4096)
     return Snapshot(
         t=t,
@@ -21,6 +23,7 @@ def snapshot(t: float, stats: dict[str, Any], throttle_pct: int) -> Snapshot:
         ram_total=int(stats.get("memory_total") or 0),
         disk_remaining=_opt_int(stats.get("disk_remaining")),
         disk_total=_opt_int(stats.get("disk_total")),
+        disk_write_rate=disk_write_rate,
     )
 
 

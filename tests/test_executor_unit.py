@@ -1,0 +1,212 @@
+"""The policy executor (engine/executor.py) with a recording actuator, and the QMP
+actuator's commands (pure logic: no QEMU)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from livemig.engine.actuator import DiskTargets, NotApplied
+from livemig.engine.decision import Decision
+from livemig.engine.executor import THROTTLE_LEASE_MS, PolicyConfig, PolicyExecutor
+from livemig.engine.qmpactuator import QmpActuator, check_throttle
+from livemig.errors import UsageError, VMError
+from livemig.policy.base import (
+    AbortMigration,
+    SetDowntimeLimit,
+    SetIoThrottle,
+    SetThrottle,
+    Snapshot,
+    StartPostcopy,
+)
+
+MB = 1 << 20
+
+
+class Recorder:
+    """An actuator that records its calls; ``refuse`` names calls it refuses."""
+
+    def __init__(self, refuse: frozenset[str] = frozenset()) -> None:
+        self.calls: list[tuple[str, tuple[int, ...]]] = []
+        self.refuse = refuse
+
+    def _call(self, name: str, *args: int) -> None:
+        self.calls.append((name, args))
+        if name in self.refuse:
+            raise NotApplied(f"{name}: refused")
+
+    async def set_throttle(self, percent: int, lease_ms: int) -> None:
+        self._call("throttle", percent, lease_ms)
+
+    async def set_downtime(self, ms: int) -> None:
+        self._call("downtime", ms)
+
+    async def set_ram_bandwidth(self, bytes_per_s: int) -> None:
+        self._call("bandwidth", bytes_per_s)
+
+    async def start_postcopy(self) -> None:
+        self._call("postcopy")
+
+    async def set_mirror_speed(self, bytes_per_s: int) -> None:
+        self._call("mirror", bytes_per_s)
+
+    async def set_io_throttle(self, write_bytes_per_s: int) -> None:
+        self._call("io", write_bytes_per_s)
+
+
+class Fixed:
+    """A policy that returns the actions it is given, once per tick."""
+
+    name = "fixed"
+
+    def __init__(self, *ticks: list[Any]) -> None:
+        self.ticks = list(ticks)
+
+    def decide(self, s: Snapshot) -> list[Any]:
+        return self.ticks.pop(0) if self.ticks else []
+
+
+def snap(t: float = 1.0) -> Snapshot:
+    return Snapshot(t=t, rounds=1, remaining=100 * MB, dirty_rate=0, bandwidth=10 * MB)
+
+
+def _executor(*ticks: list[Any], refuse: frozenset[str] = frozenset(),
+              cfg: PolicyConfig | None = None
+              ) -> tuple[PolicyExecutor, Recorder, list[tuple[str, dict[str, Any]]]]:
+    rec = Recorder(refuse)
+    events: list[tuple[str, dict[str, Any]]] = []
+    ex = PolicyExecutor(cfg or PolicyConfig(), rec, lambda w, d: events.append((w, d)))
+    ex.policies = [Fixed(*ticks)]
+    return ex, rec, events
+
+
+def test_throttle_lease_is_renewed_every_poll_and_released() -> None:
+    ex, rec, events = _executor([SetThrottle("dirty", 40)], [], [])
+
+    async def run() -> None:
+        for t in range(3):
+            assert (await ex.tick(snap(t))).decision is Decision.CONTINUE
+        await ex.release()
+
+    asyncio.run(run())
+    assert rec.calls == [("throttle", (40, THROTTLE_LEASE_MS))] * 3 + \
+        [("throttle", (0, THROTTLE_LEASE_MS))]
+    assert events[0] == ("action SetThrottle", {"reason": "dirty", "percent": 40})
+
+
+def test_nothing_set_nothing_released() -> None:
+    ex, rec, _ = _executor([], [])
+    asyncio.run(ex.release())
+    assert rec.calls == []
+
+
+def test_a_refusal_is_recorded_not_raised() -> None:
+    ex, _, events = _executor([SetDowntimeLimit("ramp", 450)], refuse=frozenset({"downtime"}))
+    v = asyncio.run(ex.tick(snap()))
+    assert v.decision is Decision.CONTINUE
+    assert ("action not applied", {"action": "SetDowntimeLimit",
+                                   "error": "downtime: refused"}) in events
+
+
+def test_io_cap_is_removed_at_the_end() -> None:
+    ex, rec, events = _executor([SetIoThrottle("backlog", 2 * MB)])
+
+    async def run() -> None:
+        await ex.tick(snap())
+        await ex.release()
+
+    asyncio.run(run())
+    assert rec.calls == [("io", (2 * MB,)), ("io", (0,))]
+    assert ("io cap removed", {}) in events
+
+
+def test_abort_is_a_verdict_postcopy_is_started() -> None:
+    ex, rec, _ = _executor([AbortMigration("give up")], [StartPostcopy("pc")])
+    assert asyncio.run(ex.tick(snap())).decision is Decision.CANCEL
+    assert rec.calls == []  # the monitor cancels, not the actuator
+    assert asyncio.run(ex.tick(snap(2))).decision is Decision.POSTCOPY
+    assert rec.calls == [("postcopy", ())]
+
+
+def test_policies_from_settings() -> None:
+    ex = PolicyExecutor(PolicyConfig.from_settings(
+        {"throttle": "converge", "downtime-ramp": True, "max-downtime": 2000,
+         "disk-schedule": "first", "io-qos": True}, 300), Recorder(), lambda w, d: None)
+    # no disk copy: no disk policies
+    assert [p.name for p in ex.policies] == ["throttle-converge", "downtime-ramp"]
+    ex = PolicyExecutor(PolicyConfig.from_settings(
+        {"throttle": "auto-converge", "disk-schedule": "first", "io-qos": True}, 300,
+        disk_link=100 * MB), Recorder(), lambda w, d: None)
+    assert [p.name for p in ex.policies] == ["disk-first", "io-qos"]
+    assert not PolicyExecutor(PolicyConfig(), Recorder(), lambda w, d: None).active
+
+
+def test_downtime_ramp_tells_the_converge_throttle() -> None:
+    ex, rec, _ = _executor([SetDowntimeLimit("ramp", 900)],
+                           cfg=PolicyConfig(throttle="converge"))
+    assert ex.converge is not None
+    asyncio.run(ex.tick(snap()))
+    assert ex.converge.downtime_s == pytest.approx(0.9)
+    assert rec.calls == [("downtime", (900,))]
+
+
+# -- the QMP actuator ------------------------------------------------------------------
+def _qmp(disk: DiskTargets | None = None, fail: bool = False
+         ) -> tuple[QmpActuator, list[tuple[str, dict[str, Any]]]]:
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def cmd(command: str, **args: Any) -> Any:
+        calls.append((command, args))
+        if fail:
+            raise VMError(f"src: {command}: no migration")
+        return {}
+
+    return QmpActuator(cmd, disk), calls
+
+
+def test_qmp_actuator_commands() -> None:
+    act, calls = _qmp(DiskTargets("job0", "/machine/peripheral/d0/virtio-backend"))
+
+    async def run() -> None:
+        await act.set_throttle(30, 1000)
+        await act.set_throttle(0, 1000)
+        await act.set_downtime(500)
+        await act.set_ram_bandwidth(8 * MB)
+        await act.start_postcopy()
+        await act.set_mirror_speed(5 * MB)
+        await act.set_io_throttle(MB)
+
+    asyncio.run(run())
+    assert calls == [
+        ("set-cpu-throttle", {"percent": 30, "lease-ms": 1000}),
+        ("cancel-cpu-throttle", {}),
+        ("migrate-set-parameters", {"downtime-limit": 500}),
+        ("migrate-set-parameters", {"max-bandwidth": 8 * MB}),
+        ("migrate-start-postcopy", {}),
+        ("block-job-set-speed", {"device": "job0", "speed": 5 * MB}),
+        ("block_set_io_throttle", {"id": "/machine/peripheral/d0/virtio-backend", "bps": 0,
+                                   "bps_rd": 0, "bps_wr": MB, "iops": 0, "iops_rd": 0,
+                                   "iops_wr": 0}),
+    ]
+
+
+def test_qmp_actuator_refusals() -> None:
+    act, calls = _qmp(fail=True)
+    with pytest.raises(NotApplied, match="set-cpu-throttle: src: set-cpu-throttle"):
+        asyncio.run(act.set_throttle(30, 1000))
+    with pytest.raises(NotApplied, match="no disk copy"):
+        asyncio.run(act.set_mirror_speed(MB))
+    with pytest.raises(NotApplied, match="no guest disk"):
+        asyncio.run(act.set_io_throttle(MB))
+    assert len(calls) == 1  # the disk actions never reached QEMU
+
+
+def test_check_throttle() -> None:
+    check_throttle("converge", "tcg", {"set-cpu-throttle"})
+    check_throttle("auto-converge", "tcg", set())
+    with pytest.raises(UsageError, match="needs the patched QEMU's set-cpu-throttle"):
+        check_throttle("converge", "tcg", {"query-migrate"})
+    with pytest.raises(UsageError, match="dirty-limit needs KVM"):
+        check_throttle("dirty-limit", "tcg", {"set-cpu-throttle"})
