@@ -86,7 +86,8 @@ def _conn(side: str) -> Any:
     return libvirt_module().open(libvirtd.local_uri(side))
 
 
-def _define(name: str, storage: str, workload: str = "idle") -> Path:
+def _define(name: str, storage: str, workload: str = "idle",
+            emulator: Path | None = None) -> Path:
     """Define and start a domain on src; return its image as seen from here."""
     from livemig.virt.domain import lab_domain_xml
 
@@ -101,7 +102,7 @@ def _define(name: str, storage: str, workload: str = "idle") -> Path:
         for off in range(0, DISK_BYTES, 1 << 20):  # something to copy
             f.seek(off)
             f.write(PATTERN + off.to_bytes(8, "little"))
-    emulator = _emulator()
+    emulator = emulator or _emulator()
     assert emulator is not None
     xml = lab_domain_xml(name, emulator, KERNEL, INITRD, seen_by_daemon,
                          memory_mib=MEMORY_MIB, workload=workload)
@@ -399,6 +400,8 @@ def test_patched_knobs_through_passthrough(daemons: dict[str, str], tmp_path: Pa
         assert throttles, "the guest out-dirties 8M/s: the throttle must have acted"
         assert not any(e["event"] == "throttle not set" for e in rep["events"])
         assert _where(name) == {"src": None, "dst": "running"}
+        enc = rep["encoding"]  # sampled by the patched QEMU itself, through libvirt
+        assert enc["encoding"] and enc["sampler"]["name"] == "qemu", enc
 
         back = tmp_path / "back"
         back.mkdir()
@@ -637,5 +640,32 @@ def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
             assert params["throttle-trigger-threshold"] == 50
         finally:
             c.close()
+    finally:
+        _cleanup(name)
+
+
+def test_livemig_profile_on_a_stock_emulator_samples_through_memory_peek(
+        daemons: dict[str, str], tmp_path: Path) -> None:
+    """A domain on the unpatched build gets the livemig profile's encoding from a
+    sample read with libvirt's memoryPeek (no file on the domain's host is read), and
+    QEMU's auto-converge instead of the patched throttle, as the stock profiles."""
+    upstream = ROOT / "build" / "qemu-upstream" / "qemu-system-x86_64"
+    if not upstream.exists():
+        pytest.fail("the unpatched build is missing: make qemu-upstream")
+    name = _unique("lmpeek")
+    _define(name, "shared", workload="mem:size=96M,rate=24M,hot=80/10,touch=128",
+            emulator=upstream)
+    try:
+        _wait_busy(name)
+        proc, rep = _migrate(tmp_path, name, "--unsafe", "--profile", "livemig",
+                             "--bandwidth", "32M", "--max-time", "150")
+        assert proc.returncode == 0, rep.get("reason")
+        enc = rep["encoding"]
+        assert enc["sampler"]["name"] == "libvirt-peek", enc
+        assert enc["sampler"]["rewritten"] > 0 and enc["encoding"] in ("xbzrle", "zstd")
+        adapted = {e["setting"]: e["to"] for e in rep["events"] if e["event"] == "adapted"}
+        assert adapted.get("throttle") == "auto-converge"
+        assert "auto_converge" in rep["settings"]["libvirt_plan"]["flags"]
+        assert _where(name) == {"src": None, "dst": "running"}
     finally:
         _cleanup(name)

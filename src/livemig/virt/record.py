@@ -26,6 +26,7 @@ def build(r: DomainRun) -> dict[str, Any]:
     return {
         "livemig_version": __version__,
         "engine": "libvirt",
+        "encoding": r.encoding,
         "started_at": datetime.datetime.fromtimestamp(r.t0, datetime.UTC).isoformat(),
         "outcome": r.result.outcome,
         "reason": r.result.reason,

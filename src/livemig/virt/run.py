@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from livemig.engine.decision import Decision
+from livemig.engine.events import EventStream, progress_listener
 from livemig.engine.executor import PolicyConfig, PolicyExecutor
+from livemig.engine.plan import Plan as EnginePlan
 from livemig.errors import LivemigError, UsageError
 from livemig.progress import Progress
 from livemig.virt import journal, qmp
@@ -57,12 +59,14 @@ from livemig.virt.plan import (
     make_plan,
     with_globals,
 )
+from livemig.virt.sampling import adapt_domain
 from livemig.virt.stats import sample_of, snapshot
 
 log = logging.getLogger(__name__)
 
 ABORT_WAIT_S = 60.0
 ABORT_RETRY_S = 1.0
+VIRT_ONLY = ("disk-check",)  # settings of libvirt runs that the engine's plan refuses
 RAM_CHECK_METHOD = f"in-stream digest ({RAM_CHECK_CAP})"
 T = TypeVar("T")
 
@@ -105,6 +109,7 @@ class DomainRun:
     source_after: dict[str, Any] | None = None
     destination: dict[str, Any] = field(default_factory=dict)
     libvirt: dict[str, Any] = field(default_factory=dict)
+    encoding: dict[str, Any] | None = None  # the engine's choice (virt.sampling)
 
     def event(self, what: str, **data: Any) -> None:
         self.events.append({"t": round(time.time() - self.t0, 3), "event": what, **data})
@@ -160,7 +165,7 @@ class DomainMigration:
         req = o.request
         if req.storage == "copy":
             req = Request(**{**req.__dict__, "disks": tuple(self.disks)})
-        plan = make_plan(o.wanted, o.explicit, info, req)
+        plan = make_plan(self._second_plan(), o.explicit, info, req)
         if req.storage == "copy":
             if not self.disks:
                 raise UsageError(f"--storage copy: domain {o.domain!r} has no writable disk")
@@ -219,6 +224,27 @@ class DomainMigration:
         async def wrap() -> T:
             return await coro
         return self._aio.run(wrap())
+
+    def _second_plan(self) -> dict[str, str]:
+        """The engine's second plan for this domain (:mod:`livemig.virt.sampling`): the
+        stream encoding from a sample of the guest's pages (the patched QEMU's own
+        sampler, else libvirt's memory peek) and the profile fitted to the domain's
+        QEMU; returned as the wanted settings ``make_plan`` maps onto libvirt."""
+        o = self.opts
+        virt_only = {k: v for k, v in o.wanted.items() if k in VIRT_ONLY}
+        first = EnginePlan(
+            uri="", settings=tuple((k, v) for k, v in o.wanted.items() if k not in virt_only),
+            explicit=o.explicit - set(virt_only), profile=o.profile,
+            bandwidth=o.request.bandwidth).validate()
+        events = EventStream(self.run.t0)
+        events.subscribe(progress_listener(self.progress))
+        adapted = adapt_domain(self.dom, self.src_conn, first, events)
+        self.run.events.extend(events.log)
+        self.run.encoding = adapted.encoding
+        wanted = {**adapted.plan.wanted, **virt_only}
+        if adapted.encoding and adapted.encoding.get("encoding"):
+            wanted["encoding"] = "off"  # chosen: the applied stream settings carry it
+        return wanted
 
     def _repair_leftovers(self) -> None:
         """Undo what a dead livemig run (kill -9) left set on this domain's QEMU, on
