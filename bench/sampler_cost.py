@@ -1,0 +1,145 @@
+"""What a page sample costs the guest: wall time of each sampler and the guest's
+throughput while it samples, against the same guest's throughput between samples.
+
+A plain QEMU (no lab code: anonymous RAM, the agent's port on a socket) runs a
+flat-out memory writer; the agent reports the bytes it wrote about every 100 ms. Each
+sampler takes N samples with quiet gaps between them; the guest's write rate inside
+the sample windows is compared with its rate in the gaps (interleaved, so host noise
+hits both alike).
+
+    python3 bench/sampler_cost.py --memory 4G --repeats 5 --out docs/results/sampler-cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from livemig.engine.endpoint import Endpoint  # noqa: E402
+from livemig.sampling.peek import PeekSampler  # noqa: E402
+from livemig.sampling.qemu import QemuSampler  # noqa: E402
+from livemig.sampling.readers import PmemsaveReader  # noqa: E402
+from qemuhelp import start_qemu, stop  # noqa: E402
+
+WORKLOAD = "mem:size=256M,rate=0,hot=80/10,touch=128"
+
+
+class Rates(threading.Thread):
+    """(host time, bytes written) from the guest agent's rate lines."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.points: list[tuple[float, int]] = []
+        self.stop = False
+
+    def run(self) -> None:
+        import socket
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(self.path))
+            s.settimeout(0.2)
+            buf = b""
+            while not self.stop:
+                try:
+                    chunk = s.recv(65536)
+                except TimeoutError:
+                    continue
+                if not chunk:
+                    return
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                now = time.monotonic()
+                for line in lines:
+                    try:
+                        d = json.loads(line)
+                    except ValueError:
+                        continue
+                    if d.get("ev") == "rate":
+                        self.points.append((now, int(d["mem_bytes"])))
+
+    def rate(self, a: float, b: float) -> float | None:
+        pts = [p for p in self.points if a <= p[0] <= b]
+        if len(pts) < 2:
+            return None
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+
+
+async def measure(d: Path, pid: int, kinds: list[str], repeats: int, gap: float,
+                  rates: Rates) -> dict[str, Any]:
+    end = Endpoint("g", d / "g.qmp", pid=pid)
+    await end.connect(10)
+
+    async def hmp(line: str) -> str:
+        return str(await end.cmd("human-monitor-command", **{"command-line": line}))
+
+    out: dict[str, Any] = {}
+    for k in kinds:
+        out[k] = {"wall_s": [], "in_sample": [], "between": []}
+    for _ in range(repeats):
+        for k in kinds:
+            reader = PmemsaveReader(end.cmd, pid, d) if k == "pmemsave" else None
+            sampler = (QemuSampler(end.cmd) if k == "qemu"
+                       else PeekSampler("pmemsave", hmp, reader))  # type: ignore[arg-type]
+            await asyncio.sleep(gap)
+            t0 = time.monotonic()
+            res = await sampler.sample()
+            t1 = time.monotonic()
+            if reader is not None:
+                reader.close()
+            out[k]["wall_s"].append(round(res.wall_s, 3))
+            out[k]["in_sample"].append(rates.rate(t0, t1))
+            out[k]["between"].append(rates.rate(t0 - gap + 0.5, t0))
+    await end.close()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--memory", default="4G")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--gap", type=float, default=4.0)
+    ap.add_argument("--samplers", default="qemu,pmemsave")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    d = Path(tempfile.mkdtemp(prefix="lm-samplecost-"))
+    proc = start_qemu(d, "g", WORKLOAD, memory=a.memory)
+    rates = Rates(d / "g.agent")
+    try:
+        time.sleep(8)
+        rates.start()
+        time.sleep(3)
+        res = asyncio.run(measure(d, proc.pid, a.samplers.split(","), a.repeats, a.gap,
+                                  rates))
+    finally:
+        rates.stop = True
+        stop(proc)
+    summary: dict[str, Any] = {"memory": a.memory, "workload": WORKLOAD,
+                               "repeats": a.repeats, "samplers": {}}
+    for k, v in res.items():
+        loss = [1 - i / b for i, b in zip(v["in_sample"], v["between"], strict=True)
+                if i is not None and b]
+        summary["samplers"][k] = {
+            "wall_s_median": statistics.median(v["wall_s"]),
+            "guest_rate_loss_pct_median": round(100 * statistics.median(loss), 1)
+            if loss else None, "runs": v}
+        print(f"{a.memory} {k}: wall {statistics.median(v['wall_s']):.2f} s, guest "
+              f"throughput during the sample "
+              f"{-100 * statistics.median(loss) if loss else float('nan'):+.1f} %")
+    if a.out:
+        a.out.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
