@@ -10,12 +10,12 @@ import pytest
 from fakeqmp import PAGE, FakeEnd
 from livemig.engine.decision import Decision
 from livemig.engine.guardian import repair_ends
-from livemig.engine.negotiate import EndSettings, read
+from livemig.engine.negotiate import EndSettings, read, restore
 from livemig.engine.observe import Observation
 from livemig.engine.plan import Plan
 from livemig.engine.run import Engine
 from livemig.engine.verify import compare_digests, verify_ram
-from livemig.errors import UsageError
+from livemig.errors import UsageError, VMError
 
 URI = "tcp:127.0.0.1:4444"
 FAST = (("poll-interval", "0.01"),)
@@ -201,10 +201,29 @@ def test_observation_parses_once_for_snapshot_and_timeline():
     assert not o.terminal and Observation.parse(0, {"status": "cancelled"}).terminal
 
 
-def test_restore_reads_back_originals():
+def test_restore_sets_back_what_changed_and_keeps_going_past_a_refusal():
     src, _ = ends()
     orig = asyncio.run(read(src))
     assert orig.capabilities["events"] is False and orig.parameters["downtime-limit"] == 300
+    src.caps.update({"events": True, "multifd": True})
+    src.params.update({"downtime-limit": 900, "multifd-channels": 4})
+    done = asyncio.run(restore(src, orig))
+    assert done["parameters"] == {"downtime-limit": 300, "multifd-channels": 2}
+    assert done["capabilities"] == {"events": False, "multifd": False}
+    assert src.caps["multifd"] is False and src.params["downtime-limit"] == 300
+    # QEMU refuses one parameter: the others are still set back, the refusal reported
+    src.params.update({"downtime-limit": 900, "max-bandwidth": 1})
+    real = src.cmd
+
+    async def refuse_bandwidth(command, **args):
+        if command == "migrate-set-parameters" and "max-bandwidth" in args:
+            raise VMError("src: max-bandwidth refused")
+        return await real(command, **args)
+
+    src.cmd = refuse_bandwidth  # type: ignore[method-assign]
+    done = asyncio.run(restore(src, orig))
+    assert done["parameters"] == {"downtime-limit": 300}
+    assert done["errors"] and "max-bandwidth" in done["errors"][0]
     assert Decision("cancel") is Decision.CANCEL
 
 
