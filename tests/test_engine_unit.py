@@ -344,7 +344,7 @@ def test_ram_mismatch_fails_keeps_destination_paused_and_resumes_source():
     rec = run(Engine(src, dst, plan.validate()))
     assert rec.outcome == "failed"
     assert rec.ram is not None and rec.ram.result == "mismatch"
-    assert "0x200000" in (rec.reason or "") and "1 pages" in (rec.reason or "")
+    assert "0x200000" in (rec.reason or "") and "in 1 page (first: 0x200000)" in (rec.reason or "")
     assert not dst.called("cont") and dst.status != "running"
     assert dst.called("blockdev-set-active") == [{"active": False}]
     assert src.called("cont") and src.status == "running"
