@@ -363,7 +363,7 @@ def test_ram_mismatch_fails_keeps_destination_paused_and_resumes_source():
     rec = run(Engine(src, dst, plan.validate()))
     assert rec.outcome == "failed"
     assert rec.ram is not None and rec.ram.result == "mismatch"
-    assert "0x200000" in (rec.reason or "") and "1 pages" in (rec.reason or "")
+    assert "0x200000" in (rec.reason or "") and "in 1 page (first: 0x200000)" in (rec.reason or "")
     assert not dst.called("cont") and dst.status != "running"
     assert dst.called("blockdev-set-active") == [{"active": False}]
     assert src.called("cont") and src.status == "running"
@@ -562,3 +562,36 @@ def test_guardian_starts_before_the_first_setting_is_changed(tmp_path, monkeypat
     rec = run(Engine(src, dst, plan, guardian_dir=tmp_path))
     assert rec.outcome == "completed"
     assert seen == [("started", 0, 0), "dismissed"]
+
+
+def test_guardian_in_post_copy_leaves_the_source_and_still_restores():
+    src, dst = ends(statuses=["postcopy-active"])
+    spec = _spec(src, dst)
+    src.migrating = True
+    src.status = "postmigrate"
+    dst.status = "running"
+    dst.params["downtime-limit"] = 999
+    done = asyncio.run(repair_ends(src, dst, spec))
+    assert not src.called("cont") and not src.called("migrate_cancel")
+    assert any("post-copy" in a for a in done["actions"])
+    assert dst.params["downtime-limit"] == 300  # the restores ran
+
+
+def test_guardian_restores_even_when_the_source_refuses_cont():
+    src, dst = ends(statuses=["failed"])
+    spec = _spec(src, dst)
+    src.migrating = True
+    src.status = "paused"
+    src.params["downtime-limit"] = 999
+    orig = src.cmd
+
+    async def refuse(command, **args):
+        if command == "cont":
+            from livemig.errors import VMError
+            raise VMError("src: cont: refused")
+        return await orig(command, **args)
+
+    src.cmd = refuse  # type: ignore[method-assign]
+    done = asyncio.run(repair_ends(src, dst, spec))
+    assert any("source cont failed" in a for a in done["actions"])
+    assert src.params["downtime-limit"] == 300

@@ -116,3 +116,16 @@ def test_a_rebuilt_binary_is_asked_again(tmp_path, monkeypatch):
 def test_probe_of_a_non_qemu_is_a_setup_error():
     with pytest.raises(SetupError, match="not a QEMU"):
         qemucaps.probe(Path("/bin/true"))
+
+
+def test_upgrade_to_a_binary_that_is_not_qemu_is_refused_first(tmp_path):
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX)  # a VM's QMP socket, as far as the checks go
+    sock.bind(str(tmp_path / "vm.qmp"))
+    r = _run("upgrade", "--qmp", str(tmp_path / "vm.qmp"), "--to-qemu", "/bin/true",
+             tmp=tmp_path)
+    sock.close()
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and "not a QEMU that answers migration queries" in lines[0]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from livemig import paths
+from livemig import paths, private
 from livemig.lab.faults import Fault
 from livemig.lab.run import LabRun, MigrateOptions, Running
 from livemig.progress import Progress
@@ -140,7 +140,7 @@ class PingPong:
     async def _soak(self) -> None:
         o = self.opts
         workload = parse_workload(o.workload)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private.make_dir(self.dir)
         size = max(64 << 20, *(d.size or 0 for d in workload.disk),
                    workload.verify.disk if workload.verify else 0)
         self.images = (self.dir / "host-a-disk0.raw", self.dir / "host-b-disk0.raw")

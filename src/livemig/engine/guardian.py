@@ -145,11 +145,20 @@ async def repair_ends(src: Any, dst: Any, spec: dict[str, Any]) -> dict[str, Any
         refused = status == "completed" and bool(spec.get(REFUSE_DESTINATION))
         if refused:
             act("destination proven corrupt: left paused")
-        if refused or not (status == "completed" and await _resume_destination(dst, act)):
+        if str(status).startswith("postcopy"):
+            # the destination runs the guest and pulls its pages from the source:
+            # resuming the source would run it twice; cancelling would lose it
+            act(f"post-copy ({status}): the destination runs the guest; source left "
+                "as it is")
+        elif refused or not (status == "completed"
+                             and await _resume_destination(dst, act)):
             st = (await src.cmd("query-status")).get("status")
             if st in RUNNABLE_PAUSED and await _destination_stopped(dst, act):
-                await src.cmd("cont")
-                act(f"source cont (was {st})")
+                try:
+                    await src.cmd("cont")
+                    act(f"source cont (was {st})")
+                except LivemigError as e:  # log it; the restores below still run
+                    act(f"source cont failed: {e}")
         if spec.get("block_job"):  # the lab's disk mirror
             with contextlib.suppress(LivemigError):
                 await src.cmd("block-job-cancel", device=spec["block_job"], force=True)

@@ -420,9 +420,10 @@ def mismatch_reason(ram: RamVerdict | None, disk: str | None) -> str | None:
         first = ", ".join(ram.first_mismatches[:MISMATCH_NAMED])
         more = "" if len(ram.first_mismatches) <= MISMATCH_NAMED else ", ..."
         n = ram.mismatched_pages or ram.mismatched_chunks
-        parts.append(f"destination RAM differs from the source in {n} "
-                     f"{'pages' if ram.mismatched_pages else 'chunks'}"
-                     f"{' or more' if ram.capped else ''} (first: {first}{more})")
+        unit = "page" if ram.mismatched_pages else "chunk"
+        parts.append(f"destination RAM differs from the source in {n} {unit}"
+                     f"{'' if n == 1 else 's'}{' or more' if ram.capped else ''} "
+                     f"(first: {first}{more})")
     if disk:
         parts.append(disk)
     return "; ".join(parts) or None

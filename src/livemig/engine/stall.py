@@ -11,6 +11,10 @@ Only ``setup`` and ``active`` are watched: in ``device`` (stop-and-copy) QEMU ho
 its main lock and does not answer QMP until the send returns (then the QMP
 timeout of :mod:`livemig.engine.endpoint` ends the wait), ``pre-switchover`` is the
 lab's own disk hand-over, and post-copy cannot be cancelled.
+
+The default (10 s, ``settings.py``) is above the longest quiet time of a healthy
+migration: the patched QEMU's switchover drain waits at most 5 s for the
+destination's answer with nothing sent (qemu/patches/0007).
 """
 
 from __future__ import annotations

@@ -406,8 +406,9 @@ class LabRun(Hooks):
         if self.disk_check.ok:
             return None
         first = ", ".join(f"{o:#x}" for o in self.disk_check.first_mismatches[:4])
-        return (f"destination disk differs from the source in "
-                f"{self.disk_check.mismatched_blocks} blocks (first: {first})")
+        n = self.disk_check.mismatched_blocks
+        return (f"destination disk differs from the source in {n} "
+                f"block{'' if n == 1 else 's'} (first: {first})")
 
     async def after_resume(self) -> None:
         assert self.dst is not None

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from livemig import paths
+from livemig import paths, qemucaps
 from livemig.accel import choose_accel
 from livemig.engine.endpoint import Endpoint, require_socket, socket_peer_pid
 from livemig.engine.events import EventStream, progress_listener
@@ -88,9 +88,11 @@ def cmd_upgrade(a: argparse.Namespace) -> int:
         if lab_only or a.no_aux_ram_share:
             raise UsageError(f"{', '.join(lab_only) or '--no-aux-ram-share'}: only for lab "
                              "runs, not with --qmp")
-        report = asyncio.run(_attach(a))
-    else:
-        report = asyncio.run(_lab(a))
+        require_socket(a.qmp, "--qmp")
+    # a QEMU at all, answering migration queries (--to-qemu /bin/true would otherwise
+    # replace the VM's QEMU by nothing); asked once, cached
+    qemucaps.knobs(a.to_qemu)
+    report = asyncio.run(_attach(a) if a.qmp is not None else _lab(a))
     if a.report:
         write_report(report, a.report)
     if not a.quiet:
