@@ -277,3 +277,8 @@ def test_lab_settings_given_explicitly_are_said() -> None:
 def test_disk_write_rate_reaches_the_snapshot() -> None:
     s = snapshot(1.0, {"disk_remaining": 5 << 20, "disk_total": 64 << 20}, 0, 3e6)
     assert s.disk_write_rate == 3e6 and s.disk_remaining == 5 << 20
+
+
+def test_no_disk_remainder_before_libvirt_starts_the_copy() -> None:
+    assert snapshot(0.5, {"disk_remaining": 0, "disk_total": 0}, 0, 3e6).disk_remaining is None
+    assert snapshot(0.5, {}, 0).disk_remaining is None

@@ -669,3 +669,75 @@ def test_livemig_profile_on_a_stock_emulator_samples_through_memory_peek(
         assert _where(name) == {"src": None, "dst": "running"}
     finally:
         _cleanup(name)
+
+
+def test_livemig_profile_drains_and_caps_the_copied_disk(daemons: dict[str, str],
+                                                         tmp_path: Path) -> None:
+    """--profile livemig on a domain whose guest writes its disk while libvirt copies
+    it at 1 MiB/s: seen from outside while livemig runs, the source QEMU has the
+    switchover drain on (beside libvirt's return-path) and the copied disk's writes
+    capped (IO QoS); --max-time then aborts, and the source runs on with nothing left
+    set: no drain, none of the capabilities libvirt set (its own reset fails while the
+    drain is on: livemig redoes it), the bandwidth as before, no IO cap. Needs the
+    patched build (x-switchover-drain, patch 0007)."""
+    from livemig.virt import qmp
+
+    name = _unique("lmqos")
+    _define(name, "copy", workload="disk:bs=4K,rate=4M")
+    c = _conn("src")
+    try:
+        dom = c.lookupByName(name)
+        if "x-switchover-drain" not in qmp.probe(dom).capabilities:
+            pytest.skip("the domain's emulator is not the patched build")
+        before = qmp.command(dom, "query-migrate-parameters")
+        _wait_busy(name)
+        report = tmp_path / "report.json"
+        proc = subprocess.Popen(livemig_cmd(
+            "migrate", "--domain", name, "--connect", libvirtd.uri("src"),
+            "--to", libvirtd.uri("dst"), "--storage", "copy", "--profile", "livemig",
+            "--bandwidth", "1M", "--max-time", "30", "--report", str(report)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        drain_seen = return_path_seen = False
+        cap_seen = 0
+        while proc.poll() is None:
+            time.sleep(0.5)
+            with contextlib.suppress(Exception):
+                caps = qmp.current_capabilities(dom)
+                drain_seen |= caps.get("x-switchover-drain", False)
+                return_path_seen |= caps.get("return-path", False)
+                for b in qmp.command(dom, "query-block"):
+                    if "virtio-disk0" in str(b.get("qdev")):
+                        cap_seen = max(cap_seen, int(b["inserted"].get("bps_wr") or 0))
+        out, err = proc.communicate()
+        sys.stdout.write(out)
+        sys.stderr.write(err[-4000:])
+        rep = json.loads(report.read_text())
+        assert proc.returncode == 3, (proc.returncode, rep.get("reason"))
+        assert rep["outcome"] == "aborted"
+        plan = rep["settings"]["libvirt_plan"]
+        assert plan["switchover_drain"] and plan["io_qos"]
+        assert drain_seen and return_path_seen, "the source never had the drain on"
+        events = [e["event"] for e in rep["events"]]
+        print("io-qos:", [e for e in rep["events"] if "IoThrottle" in e["event"]
+                          or e["event"].startswith("io")], "largest cap seen:", cap_seen)
+        assert "action SetIoThrottle" in events, rep["events"]
+        assert cap_seen > 0, "the copied disk's writes were never capped"
+        assert "action not applied" not in events
+        notes = [e["note"] for e in rep["events"] if e["event"] == "not applied"]
+        assert any(n.startswith("pin not applied") for n in notes)
+        assert any(n.startswith("disk-schedule not applied") for n in notes)
+        # the source runs on as it was
+        assert rep["source_after"]["status"] == "running"
+        assert _where(name) == {"src": "running", "dst": None}
+        caps = qmp.current_capabilities(dom)
+        assert not any(caps.get(k) for k in ("x-switchover-drain", "return-path", "multifd",
+                                             "pause-before-switchover")), caps
+        after = qmp.command(dom, "query-migrate-parameters")
+        assert {k: after[k] for k in ("max-bandwidth", "downtime-limit")} == \
+            {k: before[k] for k in ("max-bandwidth", "downtime-limit")}
+        disk = next(b for b in qmp.command(dom, "query-block")
+                    if "virtio-disk0" in str(b.get("qdev")))
+        assert int(disk["inserted"].get("bps_wr") or 0) == 0
+    finally:
+        c.close()
+        _cleanup(name)

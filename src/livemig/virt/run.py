@@ -3,8 +3,10 @@
 Phases (one method each): ``prepare`` (connections, domain, what its QEMU offers,
 the plan, the source-side passthrough settings, remembered for restoring) →
 ``migrate`` (a thread blocked in ``virDomainMigrateToURI3``, peer-to-peer, while
-the main loop polls ``jobStats()``, feeds livemig's policies, renews the throttle
-lease and aborts on Ctrl-C or ``--max-time``) → ``finish`` (on success: completed
+the main loop polls ``jobStats()``, runs the engine's policy executor through the
+libvirt actuator (``virt/actuator.py``: the same policies, lease renewal and action
+records as lab and attach runs) and aborts on Ctrl-C, ``--max-time`` or a policy's
+verdict) → ``finish`` (on success: completed
 statistics from the destination, the disk comparison while the destination is held
 paused, then resume it; otherwise: the source keeps running and everything livemig
 changed on it is restored).

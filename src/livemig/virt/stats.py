@@ -21,7 +21,10 @@ def snapshot(t: float, stats: dict[str, Any], throttle_pct: int,
         bandwidth=float(stats.get("memory_bps") or 0),
         throttle_pct=throttle_pct or int(stats.get("auto_converge_throttle") or 0),
         ram_total=int(stats.get("memory_total") or 0),
-        disk_remaining=_opt_int(stats.get("disk_remaining")),
+        # 0 of 0 while libvirt prepares the copy: not a remainder the disk policies
+        # may judge (it would look like a copy that grows)
+        disk_remaining=_opt_int(stats.get("disk_remaining")) if stats.get("disk_total")
+        else None,
         disk_total=_opt_int(stats.get("disk_total")),
         disk_write_rate=disk_write_rate,
     )
