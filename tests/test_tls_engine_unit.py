@@ -20,7 +20,7 @@ from livemig.tls.creds import Tls
 
 URI = "tcp:10.77.0.2:4444"
 FAST = (("poll-interval", "0.01"),)
-TLS = Tls(Path("/pki/lm-src"), Path("/pki/lm-dst"), "CN=lm-src,O=livemig", "10.77.0.2")
+TLS = Tls(Path("/pki/lm-src"), Path("/pki/lm-dst"), "O=livemig,CN=lm-src", "10.77.0.2")
 TLS_OFF = {"tls-creds": "", "tls-hostname": "", "tls-authz": ""}
 
 
@@ -78,7 +78,7 @@ def test_completed_run_adds_then_removes_the_objects_on_both_ends() -> None:
     assert d_creds["endpoint"] == "server" and d_creds["verify-peer"] is True
     assert d_creds["dir"] == "/pki/lm-dst"
     assert d_authz == {"qom-type": "authz-simple", "id": "livemig-tls-authz",
-                       "identity": "CN=lm-src,O=livemig"}
+                       "identity": "O=livemig,CN=lm-src"}
     # set with the other parameters, before migrate-incoming and migrate
     s_set = next(a for a in src.called("migrate-set-parameters") if "tls-creds" in a)
     assert s_set["tls-creds"] == "livemig-tls-creds" and s_set["tls-hostname"] == "10.77.0.2"
@@ -157,7 +157,7 @@ def test_attach_tls_auto_follows_the_uri(tmp_path: Path) -> None:
     assert creds.attach_tls("auto", d, "tcp:127.0.0.1:4444") is None
     assert creds.attach_tls("auto", d, "unix:/run/m.sock") is None
     t = creds.attach_tls("auto", d, "tcp:10.0.0.2:4444")
-    assert t is not None and t.peer == "CN=h,O=livemig" and t.dst_dir == d
+    assert t is not None and t.peer == "O=livemig,CN=h" and t.dst_dir == d
     assert creds.attach_tls("on", d, "unix:/run/m.sock") is not None
     with pytest.raises(UsageError, match="bad --tls"):
         creds.enabled("maybe", False)

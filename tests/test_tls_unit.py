@@ -38,7 +38,7 @@ def test_pki_certificates_verify_against_the_ca_with_the_right_sans(tmp_path: Pa
     assert san.get_values_for_type(x509.DNSName) == ["lm-dst", "dst.example"]
     assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.77.0.2")]
     assert stat.S_IMODE((tmp_path / "ca-key.pem").stat().st_mode) == 0o600
-    assert creds.client_identity(tmp_path / "lm-src") == "CN=lm-src,O=livemig"
+    assert creds.client_identity(tmp_path / "lm-src") == "O=livemig,CN=lm-src"
 
 
 def test_pki_reuses_its_ca_and_a_foreign_ca_does_not_verify(tmp_path: Path) -> None:

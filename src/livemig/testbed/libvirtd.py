@@ -50,7 +50,7 @@ from typing import Any
 from livemig import paths
 from livemig.errors import SetupError
 from livemig.testbed import netns, topology
-from livemig.tls import pki
+from livemig.tls import creds, pki
 from livemig.tls import testbed as tls_testbed
 
 SIDES = ("src", "dst")
@@ -129,7 +129,7 @@ def is_running(side: str) -> bool:
 
 def _libvirtd_conf(side: str, host_uuid: str) -> str:
     host_pki = tls_testbed.host_dir(side)
-    peers = ", ".join(f'"{pki.subject(topology.HOSTS[s]).rfc4514_string()}"' for s in SIDES)
+    peers = ", ".join(f'"{creds.dn_string(pki.subject(topology.HOSTS[s]))}"' for s in SIDES)
     return "\n".join([
         "# livemig testbed: TLS with the testbed's PKI; TEST LAB ONLY - plain TCP "
         "without authentication too",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from livemig.errors import UsageError
 
@@ -68,9 +69,18 @@ def find_dir(given: Path | None, host: str | None = None) -> Path | None:
     return None
 
 
+def dn_string(name: Any) -> str:
+    """A distinguished name as gnutls prints it (``gnutls_x509_crt_get_dn``), which
+    is what QEMU's ``tls-authz`` and libvirt's ``tls_allowed_dn_list`` compare:
+    RFC 4514 escaping, but the RDNs in the certificate's order (``O=...,CN=...``),
+    not RFC 4514's reversed one (seen in QEMU 10.2 with gnutls 3.7's "authz check
+    for O=livemig,CN=src is denied")."""
+    return ",".join(rdn.rfc4514_string() for rdn in name.rdns)
+
+
 def client_identity(directory: Path) -> str:
-    """The RFC 4514 distinguished name of ``directory``'s client certificate, as
-    QEMU's ``tls-authz`` compares it (gnutls prints DNs the same way)."""
+    """The distinguished name of ``directory``'s client certificate, as QEMU's
+    ``tls-authz`` compares it."""
     from cryptography import x509
 
     path = directory / "client-cert.pem"
@@ -78,7 +88,7 @@ def client_identity(directory: Path) -> str:
         cert = x509.load_pem_x509_certificate(path.read_bytes())
     except (OSError, ValueError) as e:
         raise UsageError(f"{path}: cannot read the client certificate: {e}") from None
-    return cert.subject.rfc4514_string()
+    return dn_string(cert.subject)
 
 
 def uri_host(uri: str) -> str | None:
