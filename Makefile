@@ -61,7 +61,7 @@ lint: venv
 	$(BIN)/lint-imports --no-cache
 
 unit: venv
-	$(BIN)/pytest -q -m "not vm and not testbed" $(PYTEST_ARGS)
+	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
 test: setup lint
 	$(BIN)/pytest -v --durations=15 $(PYTEST_ARGS)

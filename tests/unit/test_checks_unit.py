@@ -65,7 +65,7 @@ def test_no_stamped_block_is_a_clear_error(tmp_path):
 
 
 def test_magic_matches_the_guest_checker():
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     src = (root / "guest/agent/agent.h").read_text()
     magic = struct.unpack("<Q", faults.VBLOCK_MAGIC)[0]
     assert f"{magic:#x}".lower() in src.lower()

@@ -23,7 +23,7 @@ from livemig.sampling.readers import XpReader
 from livemig.settings import merge
 
 PAGE = 4096
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def test_layout_from_mtree_has_the_ram_above_4g_and_skips_the_holes():

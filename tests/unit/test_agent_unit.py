@@ -3,7 +3,7 @@
 import subprocess
 from pathlib import Path
 
-AGENT = Path(__file__).resolve().parents[1] / "guest" / "agent"
+AGENT = Path(__file__).resolve().parents[2] / "guest" / "agent"
 
 
 def test_agent_c_unit_tests(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 from livemig.bench import best_baseline, load_scenario, markdown, summarize
 from livemig.errors import UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rep(outcome, t, sent=1 << 30):

@@ -120,7 +120,7 @@ def test_agent_link_keeps_sink_counters_and_events():
 def _bench():
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "bench" / "vhost_user.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "vhost_user.py"
     spec = importlib.util.spec_from_file_location("bench_vhost_user", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

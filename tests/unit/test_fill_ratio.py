@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-AGENT = Path(__file__).resolve().parents[1] / "guest" / "agent"
+AGENT = Path(__file__).resolve().parents[2] / "guest" / "agent"
 
 
 @pytest.mark.skipif(shutil.which("zstd") is None, reason="zstd CLI missing (make setup)")
