@@ -181,10 +181,13 @@ def test_libvirt_tls_flag_follows_the_request() -> None:
     from livemig.virt import plan as P
 
     qemu = P.QemuInfo(frozenset({"multifd"}), {"multifd-channels": 2}, frozenset())
-    on = P.make_plan({}, frozenset(), qemu, P.Request(tls=True, storage="copy"))
-    off = P.make_plan({}, frozenset(), qemu, P.Request())
+    on = P.make_plan({}, frozenset(), qemu, P.Request(tls=True, storage="copy",
+                                                      tls_destination="10.77.0.2"))
+    off = P.make_plan({}, frozenset(), qemu, P.Request(tls_destination="10.77.0.2"))
     assert on.flags & P.TLS and "tls" in on.flag_names()
-    assert not off.flags & P.TLS
+    # the name the destination's certificate is checked against, NBD copy included
+    assert on.params[P.P_TLS_DESTINATION] == "10.77.0.2"
+    assert not off.flags & P.TLS and P.P_TLS_DESTINATION not in off.params
 
 
 @pytest.mark.parametrize(("src", "dst", "one"), [
