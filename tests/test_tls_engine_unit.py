@@ -107,7 +107,8 @@ def test_failed_migration_removes_them_too_and_the_source_runs() -> None:
 def test_a_qemu_without_gnutls_fails_before_migrate_and_leaves_nothing() -> None:
     src, dst = ends(gnutls=False)
     rec = asyncio.run(Engine(src, dst, plan()).run())
-    assert rec.outcome == "failed" and "GNUTLS" in (rec.reason or "")
+    assert rec.outcome == "failed" and "without GnuTLS" in (rec.reason or "")
+    assert "--tls off" in (rec.reason or "")
     assert not src.called("migrate") and not dst.called("migrate-incoming")
     assert src.status == "running"
     for end in (src, dst):
