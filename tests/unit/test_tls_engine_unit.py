@@ -107,7 +107,8 @@ def test_failed_migration_removes_them_too_and_the_source_runs() -> None:
 def test_a_qemu_without_gnutls_fails_before_migrate_and_leaves_nothing() -> None:
     src, dst = ends(gnutls=False)
     rec = asyncio.run(Engine(src, dst, plan()).run())
-    assert rec.outcome == "failed" and "GNUTLS" in (rec.reason or "")
+    assert rec.outcome == "failed" and "without GnuTLS" in (rec.reason or "")
+    assert "--tls off" in (rec.reason or "")
     assert not src.called("migrate") and not dst.called("migrate-incoming")
     assert src.status == "running"
     for end in (src, dst):
@@ -181,10 +182,13 @@ def test_libvirt_tls_flag_follows_the_request() -> None:
     from livemig.virt import plan as P
 
     qemu = P.QemuInfo(frozenset({"multifd"}), {"multifd-channels": 2}, frozenset())
-    on = P.make_plan({}, frozenset(), qemu, P.Request(tls=True, storage="copy"))
-    off = P.make_plan({}, frozenset(), qemu, P.Request())
+    on = P.make_plan({}, frozenset(), qemu, P.Request(tls=True, storage="copy",
+                                                      tls_destination="10.77.0.2"))
+    off = P.make_plan({}, frozenset(), qemu, P.Request(tls_destination="10.77.0.2"))
     assert on.flags & P.TLS and "tls" in on.flag_names()
-    assert not off.flags & P.TLS
+    # the name the destination's certificate is checked against, NBD copy included
+    assert on.params[P.P_TLS_DESTINATION] == "10.77.0.2"
+    assert not off.flags & P.TLS and P.P_TLS_DESTINATION not in off.params
 
 
 @pytest.mark.parametrize(("src", "dst", "one"), [

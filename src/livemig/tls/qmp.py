@@ -48,6 +48,11 @@ async def add(end: QmpEnd, tls: Tls, side: str) -> None:
         try:
             await end.cmd("object-add", **obj)
         except VMError as e:
+            if "GNUTLS" in str(e).upper():
+                raise VMError(f"{end.name}: this QEMU was built without GnuTLS, so it "
+                              "cannot encrypt migrations: rebuild it (make setup: "
+                              "qemu/build.sh configures --enable-gnutls) or pass --tls off"
+                              ) from None
             raise VMError(f"{end.name}: TLS credentials from {obj.get('dir', '')}: "
                           f"{e}") from None
 

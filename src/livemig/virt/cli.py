@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
 from livemig.errors import FaultInjectionRefused, UsageError
 from livemig.progress import Progress
@@ -42,7 +43,8 @@ def options(a: argparse.Namespace, defaults: dict[str, Any]) -> DomainOptions:
                   bandwidth=parse_size(a.bandwidth, "--bandwidth") if a.bandwidth else None,
                   unsafe=a.unsafe, verify=not a.no_verify, migrate_uri=a.migrate_uri,
                   ram_fault=offset if kind == "ram-byte" else None,
-                  tls=enabled(a.tls, one_host=libvirt_one_host(a.connect, a.to)))
+                  tls=enabled(a.tls, one_host=libvirt_one_host(a.connect, a.to)),
+                  tls_destination=urlsplit(a.to).hostname)
     return DomainOptions(domain=a.domain, src_uri=a.connect, dst_uri=a.to,
                          profile=a.profile, wanted=merge(a.profile, sets),
                          explicit=frozenset(sets), request=req, max_time=a.max_time,

@@ -89,6 +89,7 @@ P_AC_INITIAL = "auto_converge.initial"
 P_AC_INCREMENT = "auto_converge.increment"
 P_MIGRATE_DISKS = "migrate_disks"
 P_URI = "migrate_uri"
+P_TLS_DESTINATION = "tls.destination"  # the name the destination's certificate must have
 
 # capabilities libvirt decides itself on both ends (it would overwrite ours)
 LIBVIRT_OWNED_CAPS = frozenset({
@@ -176,6 +177,7 @@ class Request:
     migrate_uri: str | None = None  # where the data goes (default: libvirt's choice)
     ram_fault: int | None = None  # debug: the destination flips this byte before the check
     tls: bool = False  # VIR_MIGRATE_TLS: the stream and the NBD disk copy over TLS
+    tls_destination: str | None = None  # the destination's name in its certificate
 
 
 @dataclass(frozen=True)
@@ -354,6 +356,8 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
         params[P_URI] = req.migrate_uri
     if req.tls:  # the daemons' qemu.conf names the certificates (migrate_tls_x509_*)
         flags |= TLS
+        if req.tls_destination:  # else libvirt checks the NBD copy's server against a
+            params[P_TLS_DESTINATION] = req.tls_destination  # name of its own choosing
     if req.verify and req.storage == "copy":
         flags |= PAUSED  # the images are compared before the destination runs
     dst_globals = {k: str(v) for k, v in src_qmp.items() if k in STREAM_PARAMS}
