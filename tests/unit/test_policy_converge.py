@@ -127,7 +127,8 @@ def test_plan_prefers_more_light_rounds_when_the_guest_is_slower_than_the_link()
     assert rounds == 1 and theta == pytest.approx(0.7)
 
 
-TRACES = json.loads((Path(__file__).resolve().parents[1] / "data" / "converge-traces.json").read_text())
+TRACES = json.loads(
+    (Path(__file__).resolve().parents[1] / "data" / "converge-traces.json").read_text())
 
 
 def replay(name: str) -> tuple[ConvergeThrottle, list[SetThrottle]]:
