@@ -52,10 +52,11 @@ BYTES_TIE = 0.05  # byte counts this close count as equal: then the cheaper CPU 
 MAX_Q = 0.5  # re-send rounds must at least halve: else a throttle has to help
 MIN_DELTA_CACHE = 64 << 20
 HOST_SHARE = 4  # the delta cache takes at most 1/4 of the host's available memory
-# bytes/s one CPU encrypts and sends over TLS (gnutls' AES-256-GCM with AES-NI and
-# PCLMUL): measured, docs/results/tls-cost.md; it costs per byte *sent*, so a codec
-# that shrinks the stream pays less of it
-TLS_SPEED = 2e9
+# bytes/s one CPU encrypts and sends over TLS (gnutls, AES-GCM with AES-NI/PCLMUL):
+# the source's migration threads took 2.9-4.3 GB/s of extra CPU per byte sent at
+# 1gbit (docs/results/tls-cost.md; openssl's AES-256-GCM: 3.7 GB/s here); it costs
+# per byte *sent*, so a codec that shrinks the stream pays less of it
+TLS_SPEED = 3e9
 DELTA_KEY = "x-multifd-lz4-delta-cache-size"
 
 # a --set of any of these: no automatic choice
