@@ -633,8 +633,10 @@ def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
         assert proc2.returncode == 3, rep.get("reason")
         assert any(e["event"] == "repaired a dead run's settings" for e in rep["events"])
         # and its own change (70) is undone to the real original, not to the leftover
-        assert rep["source_after"]["restored"]["parameters"] == {
-            "throttle-trigger-threshold": 50}
+        # (with the switchover drain on, the parameters libvirt manages are put back
+        # too: libvirt's own reset fails while the drain is on)
+        restored = rep["source_after"]["restored"]["parameters"]
+        assert restored["throttle-trigger-threshold"] == 50, restored
         c = _conn("src")
         try:
             params = qmp.command(c.lookupByName(name), "query-migrate-parameters")

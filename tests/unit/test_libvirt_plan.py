@@ -282,3 +282,21 @@ def test_disk_write_rate_reaches_the_snapshot() -> None:
 def test_no_disk_remainder_before_libvirt_starts_the_copy() -> None:
     assert snapshot(0.5, {"disk_remaining": 0, "disk_total": 0}, 0, 3e6).disk_remaining is None
     assert snapshot(0.5, {}, 0).disk_remaining is None
+
+
+def test_stream_globals_left_by_an_earlier_migration_are_replaced():
+    from livemig.virt.plan import has_stream_globals, with_globals
+
+    xml = ("<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>"
+           "<name>a</name><qemu:commandline>\n"
+           "  <qemu:arg value=\"-global\"/>\n"
+           "  <qemu:arg value=\"migration.x-multifd-lz4-delta-cache-size=134217728\"/>\n"
+           "  <qemu:arg value='-L'/><qemu:arg value='/usr/share/seabios'/>\n"
+           "</qemu:commandline></domain>")
+    assert has_stream_globals(xml)
+    out = with_globals(xml, {"multifd-compression": "lz4"})
+    assert "lz4-delta-cache-size" not in out and not has_stream_globals(
+        out.replace("multifd-compression=lz4", "x"))
+    assert "migration.multifd-compression=lz4" in out and "/usr/share/seabios" in out
+    bare = with_globals(xml, {})
+    assert not has_stream_globals(bare) and "/usr/share/seabios" in bare

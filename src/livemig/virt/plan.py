@@ -49,6 +49,7 @@ libvirt is in the plan's ``notes`` (the report's events), with why: never silent
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,7 +104,9 @@ LIBVIRT_OWNED_PARAMS = frozenset({
     "block-incremental",
 })
 # parameters the destination must share because they change the stream's encoding
-STREAM_PARAMS = frozenset({"multifd-compression"})
+# (the patched lz4 delta encoding: the destination refuses delta packets unless its
+# own cache size is set too, "set x-multifd-lz4-delta-cache-size on the destination")
+STREAM_PARAMS = frozenset({"multifd-compression", "x-multifd-lz4-delta-cache-size"})
 # patched QEMU (qemu/patches): the direct throttle, as a command or as a parameter
 THROTTLE_COMMAND = "set-cpu-throttle"
 THROTTLE_CANCEL = "cancel-cpu-throttle"
@@ -433,8 +436,26 @@ def mib(bytes_per_s: int) -> int:
     return max(1, math.ceil(bytes_per_s / (1 << 20)))
 
 
+def _stream_global_re() -> re.Pattern[str]:
+    keys = "|".join(re.escape(k) for k in sorted(STREAM_PARAMS))
+    q = "[\"']"
+    return re.compile(rf"<qemu:arg\s+value={q}-global{q}\s*/>\s*"
+                      rf"<qemu:arg\s+value={q}migration\.(?:{keys})=[^\"']*{q}\s*/>\s*")
+
+
+def has_stream_globals(xml: str) -> bool:
+    """Whether the domain's live XML still carries a stream ``-global`` an earlier
+    livemig migration gave its QEMU (it travels with the domain's live XML)."""
+    return bool(_stream_global_re().search(xml))
+
+
 def with_globals(xml: str, globals_: Mapping[str, str]) -> str:
-    """The domain's XML with ``-global migration.K=V`` for its QEMU (destination)."""
+    """The domain's XML with ``-global migration.K=V`` for its QEMU (destination).
+    Stream globals an earlier migration left in the live XML are dropped first: a
+    stale one would come after ours and win, and the two ends would disagree on the
+    stream's encoding."""
+    xml = _stream_global_re().sub("", xml)
+    xml = re.sub(r"<qemu:commandline>\s*</qemu:commandline>", "", xml)
     if not globals_:
         return xml
     ns = "http://libvirt.org/schemas/domain/qemu/1.0"

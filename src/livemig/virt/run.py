@@ -58,6 +58,7 @@ from livemig.virt.plan import (
     Plan,
     Request,
     disk_check_method,
+    has_stream_globals,
     make_plan,
     with_globals,
 )
@@ -316,8 +317,8 @@ class DomainMigration:
         plan = self.run.plan
         assert plan is not None
         params = dict(plan.params)
-        if plan.dst_globals:
-            xml = self.dom.XMLDesc(self.libvirt.VIR_DOMAIN_XML_MIGRATABLE)
+        xml = self.dom.XMLDesc(self.libvirt.VIR_DOMAIN_XML_MIGRATABLE)
+        if plan.dst_globals or has_stream_globals(xml):
             params[self.libvirt.VIR_MIGRATE_PARAM_DEST_XML] = with_globals(
                 xml, plan.dst_globals)
         box: dict[str, BaseException] = {}
