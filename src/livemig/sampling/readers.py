@@ -35,13 +35,19 @@ class PmemsaveReader:
 
     def __init__(self, cmd: Command, pid: int | None, base: Path | None = None) -> None:
         self.cmd = cmd
+        uid = _owner(pid)
+        other_user = uid is not None and uid != os.geteuid()
+        if other_user:
+            # QEMU runs as another user (libvirt's qemu user, say): it must be able to
+            # reach the directory, so not below livemig's private 0700 run root
+            base = None
         if base is not None:
             base.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.dir = Path(tempfile.mkdtemp(prefix="livemig-sample-",
                                          dir=str(base) if base else None))
         os.chmod(self.dir, 0o700)
-        uid = _owner(pid)
-        if uid is not None and uid != os.geteuid():
+        if other_user:
+            assert uid is not None
             os.chown(self.dir, uid, -1)  # QEMU writes the files, we read them as root
         self._n = itertools.count()
 
