@@ -221,15 +221,34 @@ def test_attach_stock_to_patched_and_back(tmp_path):
             f.unlink()
 
 
-def test_attach_failed_upgrade_leaves_the_old_qemu_running(tmp_path):
-    """A new binary that dies at start: the old QEMU keeps the guest, running."""
+def test_attach_upgrade_to_a_binary_that_is_not_a_qemu_is_refused_up_front(tmp_path):
+    """--to-qemu that does not answer migration queries: one line, nothing touched."""
     broken = tmp_path / "qemu-broken"
     broken.write_text("#!/bin/sh\necho 'this QEMU cannot start' >&2\nexit 1\n")
     broken.chmod(0o755)
     proc, qmp = start_vm(tmp_path, shared=True)
     try:
+        rc, _, err = upgrade(tmp_path, "--qmp", str(qmp), "--to-qemu", str(broken))
+        assert rc == 2 and "not a QEMU" in err and "Traceback" not in err
+        assert proc.poll() is None and socket_peer_pid(qmp) == proc.pid
+        assert status(qmp) == "running"
+    finally:
+        proc.kill()
+        for f in Path("/dev/shm").glob(f"livemig-test-{os.getpid()}-*"):
+            f.unlink()
+
+
+def test_attach_failed_upgrade_leaves_the_old_qemu_running(tmp_path):
+    """A new binary that answers the up-front probe but dies when it starts for the
+    guest: the old QEMU keeps the guest, running."""
+    broken = tmp_path / "qemu-broken"
+    broken.write_text(f"#!/bin/sh\ncase \" $* \" in *\"-machine none\"*) exec {QEMU} \"$@\";; "
+                      "esac\necho 'this QEMU cannot start' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    proc, qmp = start_vm(tmp_path, shared=True)
+    try:
         rc, rep, err = upgrade(tmp_path, "--qmp", str(qmp), "--to-qemu", str(broken))
-        assert rc == 1
+        assert rc == 1, err
         assert rep["outcome"] == "failed" and "cannot start" in rep["reason"]
         assert "Traceback" not in err
         assert proc.poll() is None and socket_peer_pid(qmp) == proc.pid
