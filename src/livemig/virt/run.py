@@ -241,7 +241,7 @@ class DomainMigration:
             bandwidth=o.request.bandwidth).validate()
         events = EventStream(self.run.t0)
         events.subscribe(progress_listener(self.progress))
-        adapted = adapt_domain(self.dom, self.src_conn, first, events)
+        adapted = adapt_domain(self.dom, self.src_conn, first, events, o.request.tls)
         self.run.events.extend(events.log)
         self.run.encoding = adapted.encoding
         wanted = {**adapted.plan.wanted, **virt_only}

@@ -65,14 +65,16 @@ def peek_reader(dom: Any) -> Any:
     return read
 
 
-def host_hints(conn: Any, dom: Any) -> Hints:
-    """The source host's CPUs beside the domain's vCPUs and its free memory."""
+def host_hints(conn: Any, dom: Any, tls: bool = False) -> Hints:
+    """The source host's CPUs beside the domain's vCPUs and its free memory; ``tls``:
+    the stream goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte."""
     cpus = int(conn.getInfo()[2])
     vcpus = int(dom.info()[3])
     return Hints(cpus=max(0.5, min(2.0, float(cpus - vcpus))),
-                 host_available=int(conn.getFreeMemory()), peek=peek_reader(dom))
+                 host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls)
 
 
-def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream) -> Adapted:
+def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream,
+                 tls: bool = False) -> Adapted:
     """The second plan for ``dom`` (sync: libvirt runs are)."""
-    return asyncio.run(adapt(DomainEnd(dom), plan, host_hints(conn, dom), events))
+    return asyncio.run(adapt(DomainEnd(dom), plan, host_hints(conn, dom, tls), events))
