@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from livemig.engine.endpoint import Endpoint  # noqa: E402
 from livemig.sampling.peek import PeekSampler  # noqa: E402
 from livemig.sampling.qemu import QemuSampler  # noqa: E402
-from livemig.sampling.readers import PmemsaveReader  # noqa: E402
+from livemig.sampling.readers import PmemsaveReader, hmp_over  # noqa: E402
 from qemuhelp import start_qemu, stop  # noqa: E402
 
 WORKLOAD = "mem:size=256M,rate=0,hot=80/10,touch=128"
@@ -80,8 +80,7 @@ async def measure(d: Path, pid: int, kinds: list[str], repeats: int, gap: float,
     end = Endpoint("g", d / "g.qmp", pid=pid)
     await end.connect(10)
 
-    async def hmp(line: str) -> str:
-        return str(await end.cmd("human-monitor-command", **{"command-line": line}))
+    hmp = hmp_over(end.cmd)
 
     out: dict[str, Any] = {}
     for k in kinds:

@@ -24,7 +24,7 @@ from livemig.policy import encoding
 from livemig.sampling.base import SampleResult
 from livemig.sampling.peek import PeekSampler
 from livemig.sampling.qemu import QemuSampler
-from livemig.sampling.readers import PmemsaveReader
+from livemig.sampling.readers import PmemsaveReader, hmp_over
 from livemig.settings import merge
 from qemuhelp import free_port, start_qemu, stop
 
@@ -47,8 +47,7 @@ def _samples(tmp: Path, workload: str) -> tuple[list[SampleResult], encoding.Con
             end = Endpoint("g", tmp / "g.qmp", pid=proc.pid)
             await end.connect(10)
 
-            async def hmp(line: str) -> str:
-                return str(await end.cmd("human-monitor-command", **{"command-line": line}))
+            hmp = hmp_over(end.cmd)
 
             reader = PmemsaveReader(end.cmd, proc.pid, tmp)
             out = [await FileSampler(mem).sample(1024),
@@ -123,8 +122,7 @@ def test_a_stock_qemu_without_a_local_process_is_sampled_through_hmp_xp(tmp_path
             end = Endpoint("g", tmp_path / "g.qmp", pid=proc.pid)
             await end.connect(10)
 
-            async def hmp(line: str) -> str:
-                return str(await end.cmd("human-monitor-command", **{"command-line": line}))
+            hmp = hmp_over(end.cmd)
 
             from livemig.sampling.readers import XpReader
             reader = PmemsaveReader(end.cmd, proc.pid, tmp_path)

@@ -33,7 +33,7 @@ from livemig.sampling.base import Sampler
 from livemig.sampling.peek import PeekSampler, Read
 from livemig.sampling.qemu import START as QEMU_SAMPLE
 from livemig.sampling.qemu import QemuSampler
-from livemig.sampling.readers import PmemsaveReader, XpReader, qemu_is_local
+from livemig.sampling.readers import PmemsaveReader, XpReader, hmp_over, qemu_is_local
 from livemig.units import parse_link_rate
 
 log = logging.getLogger(__name__)
@@ -148,10 +148,7 @@ def sampler_for(src: QmpEnd, mode: str, commands: set[str],
     if mode == "qemu":
         raise UsageError(f"--set sampler=qemu: this QEMU has no {QEMU_SAMPLE} (the "
                          "patched build has it)")
-
-    async def hmp(line: str) -> str:
-        return str(await src.cmd("human-monitor-command", **{"command-line": line}))
-
+    hmp = hmp_over(src.cmd)
     if mode in ("auto", "peek") and hints.peek is not None:
         return PeekSampler("libvirt-peek", hmp, hints.peek), lambda: None
     if mode in ("auto", "pmemsave") and qemu_is_local(src.pid):

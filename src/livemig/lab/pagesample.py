@@ -19,9 +19,14 @@ PAGE = 4096
 @dataclass(frozen=True)
 class PageSample:
     pairs: list[tuple[bytes, bytes]]  # (before, after) of the pages that changed
-    pages: list[bytes]  # the non-zero pages of the first look
-    nonzero_share: float  # share of all pages looked at that were not zero
+    pages: list[bytes]  # the non-zero pages of the first look that were looked at again
+    looked: int  # pages looked at
+    nonzero: int  # of those, not zero
     interval: float  # seconds between the two looks
+
+    @property
+    def nonzero_share(self) -> float:
+        return self.nonzero / max(1, self.looked)
 
 
 def _read(path: Path, offsets: list[int]) -> list[bytes]:
@@ -41,12 +46,11 @@ async def rewritten_pages(path: Path, pages: int = 4096, interval: float = 0.5,
     before = await asyncio.to_thread(_read, path, offsets)
     zero = bytes(PAGE)
     nonzero = [(o, b) for o, b in zip(offsets, before, strict=True) if b != zero]
-    share = len(nonzero) / max(1, len(offsets))
     keep = sorted(rng.sample(nonzero, pages)) if len(nonzero) > pages else nonzero
     await asyncio.sleep(interval)
     after = await asyncio.to_thread(_read, path, [o for o, _ in keep])
     pairs = [(b, a) for (_, b), a in zip(keep, after, strict=True) if a != b]
-    return PageSample(pairs, [b for _, b in keep], share, interval)
+    return PageSample(pairs, [b for _, b in keep], len(offsets), len(nonzero), interval)
 
 
 class FileSampler:
@@ -61,9 +65,7 @@ class FileSampler:
                      interval: float = DEFAULT_INTERVAL) -> SampleResult:
         t0 = time.monotonic()
         s = await rewritten_pages(self.path, pages, interval)
-        looked = round(len(s.pages) / s.nonzero_share) if s.nonzero_share else len(s.pages)
-        nonzero = round(looked * s.nonzero_share)
         sample = await asyncio.to_thread(
-            encoding.sample_from_pages, s.pairs, s.pages, looked, s.interval,
-            frozenset({"zstd", "lz4"}), nonzero)
+            encoding.sample_from_pages, s.pairs, s.pages, s.looked, s.interval,
+            frozenset({"zstd", "lz4"}), s.nonzero)
         return SampleResult(sample, self.name, time.monotonic() - t0)

@@ -25,6 +25,13 @@ Command = Callable[..., Awaitable[Any]]
 _WORD = re.compile(r"0x([0-9a-f]{1,16})")
 
 
+def hmp_over(cmd: Command) -> Callable[[str], Awaitable[str]]:
+    """An HMP command line run through QMP's ``human-monitor-command``."""
+    async def hmp(line: str) -> str:
+        return str(await cmd("human-monitor-command", **{"command-line": line}))
+    return hmp
+
+
 def qemu_is_local(pid: int | None) -> bool:
     return pid is not None and Path(f"/proc/{pid}").exists()
 
