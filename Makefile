@@ -12,12 +12,14 @@ PYTEST_ARGS ?=
 DEMO_ARGS ?= --memory 1G --workload mem:size=384M,rate=96M,hot=90/10 --bandwidth 128M \
              --max-time 240 --report reports/demo.json
 
-.PHONY: help setup deps venv qemu qemu-upstream guest rootfs demo test lint unit qtest clean
+.PHONY: help setup deps venv qemu qemu-upstream guest rootfs demo test test-long lint unit qtest clean
 
 help:
 	@echo "make demo    migrate a busy VM with live progress, verify it, write reports/demo.json"
 	@echo "make test    lint + unit + integration tests (real QEMU, real guests) +"
 	@echo "             QEMU's migration qtests (quick set) with the patch series"
+	@echo "make test-long  the long matrices (crash/fault matrix, evacuation, soak): run"
+	@echo "             before an issue is called resolved"
 	@echo "make setup   install packages, build QEMU and the guest image, put livemig on PATH"
 	@echo "make qtest   QEMU's own migration qtests (quick set) against build/qemu"
 
@@ -64,8 +66,12 @@ unit: venv
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
 test: setup lint
-	$(BIN)/pytest -v --durations=15 $(PYTEST_ARGS)
+	$(BIN)/pytest -v --durations=15 -m "not long" $(PYTEST_ARGS)
 	@bash qemu/run-qtests.sh
+
+# the matrices `make test` keeps one representative case of
+test-long: setup lint
+	$(BIN)/pytest -v --durations=15 -m long $(PYTEST_ARGS)
 
 qtest: qemu
 	@bash qemu/run-qtests.sh
