@@ -43,7 +43,6 @@ class LabFacts:
     guest: str  # ok | mismatch | skipped (the guest's own checker)
     guest_errors: list[dict[str, Any]]
     migration_thread_cpu: float | None
-    pinning: dict[str, Any] | None
     encoding: dict[str, Any] | None
     settings: dict[str, Any]  # memory, vcpus, qemu, testbed, storage, faults, ...
     qemu_trace: dict[str, Any] | None = None  # bitmap syncs, downtime steps (--qemu-trace)
@@ -121,7 +120,7 @@ def build_report(rec: MigrationRecord, lab: LabFacts | AttachFacts | None = None
         },
         "source_after": rec.source_after,
         "settings_restored": rec.restored,
-        "pinning": lab.pinning if isinstance(lab, LabFacts) else None,
+        "pinning": rec.pinning,
         "encoding": rec.encoding or (lab.encoding if isinstance(lab, LabFacts) else None),
         "qemu_trace": lab.qemu_trace if isinstance(lab, LabFacts) else None,
         "qemu_final_stats": stats,

@@ -24,7 +24,7 @@ def test_lab_and_attach_reports_have_the_same_keys():
                    "guest_pause_raw_ms": 2.0, "verify_hold_ms": 250.0}, network={},
                    disk={"disk_transferred_bytes": 0, "disk_dirty_amplification": None},
                    disk_check={"result": "skipped"}, guest="skipped", guest_errors=[],
-                   migration_thread_cpu=0.5, pinning=None, encoding=None,
+                   migration_thread_cpu=0.5, encoding=None,
                    settings={"memory": 1 << 30})
     a = build_report(_record(), lab)
     b = build_report(_record(), AttachFacts({"src_qmp": "/x"}))

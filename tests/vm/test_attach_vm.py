@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import livemig_cmd
+from livemig.engine import pinning
 from livemig.report import CONTRACT_KEYS
 from qemuhelp import (
     free_port,
@@ -62,10 +63,20 @@ def test_attach_migrates_verifies_resumes_and_restores(pair, tmp_path):
     patched = has_command(sq, "set-cpu-throttle")
     profile = ["--profile", "livemig"] if patched else [
         "--profile", "upstream", "--set", "downtime-ramp=on"]
-    proc = subprocess.run(attach(sq, dq, report, *profile, "--max-time", "120", "-q"),
+    affinity_before = pinning.vcpu_affinities(src.pid)
+    assert affinity_before  # the QEMU's vCPU thread(s), named "CPU n/TCG"
+    # pin=on: the user's QEMU is on this host, so its threads are pinned, then put back
+    proc = subprocess.run(attach(sq, dq, report, *profile, "--set", "pin=on",
+                                 "--max-time", "120", "-q"),
                           capture_output=True, text=True, timeout=300)
     sys.stdout.write(proc.stdout + proc.stderr[-3000:])
     rep = json.loads(report.read_text())
+    assert pinning.vcpu_affinities(src.pid) == affinity_before
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert rep["pinning"]["applied"] is True, rep["pinning"]
+        pinned = rep["pinning"]["threads"]
+        assert any("CPU 0/" in k for k in pinned) and any(
+            pinning.is_migration_thread(k.split(":", 1)[1]) for k in pinned), pinned
     for key in CONTRACT_KEYS:
         assert key in rep, key
     assert rep["outcome"] == "completed", rep.get("reason")

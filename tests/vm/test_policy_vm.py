@@ -27,7 +27,7 @@ def test_on_stall_abort_leaves_the_source_running(tmp_path):
     r = run_migrate(tmp_path, "--memory", "320M", "--profile", "livemig", "--bandwidth", "3M",
                     "--workload", "mem:size=96M,rate=0", "--set", "xbzrle=off",
                     "--set", "downtime-ramp=off", "--set", "on-stall=abort",
-                    "--set", "warmup=1", "--max-time", "150")
+                    "--set", "warmup=1", "--max-time", "400")
     rep = r.report
     assert r.rc == 3, rep.get("reason")
     assert rep["outcome"] == "aborted"

@@ -172,6 +172,10 @@ async def repair_ends(src: Any, dst: Any, spec: dict[str, Any]) -> dict[str, Any
             if await src.has_command("cancel-cpu-throttle"):
                 await src.cmd("cancel-cpu-throttle")
                 act("cancel-cpu-throttle")
+    if spec.get("affinity"):  # the source's vCPU threads livemig pinned
+        from livemig.engine.pinning import restore_affinities
+        for line in restore_affinities({int(t): c for t, c in spec["affinity"].items()}):
+            act(line)
     for end, key in ((src, "original_src"), (dst, "original_dst")):
         if end is not None and key in spec:
             with contextlib.suppress(LivemigError, OSError):

@@ -65,7 +65,8 @@ class Monitor:
                  policies: Policies | None, hooks: MonitorHooks,
                  timeline: list[dict[str, Any]], dst: QmpEnd | None = None,
                  stall_timeout: float = 0.0,
-                 release: Callable[[], Awaitable[None]] | None = None) -> None:
+                 release: Callable[[], Awaitable[None]] | None = None,
+                 on_tick: Callable[[], None] | None = None) -> None:
         self.src = src
         self.dst = dst
         self.events = events
@@ -79,6 +80,7 @@ class Monitor:
         self.passes = 0
         self.stall = StallWatch(stall_timeout)
         self.release = release  # drops the throttle the moment a cancel is decided
+        self.on_tick = on_tick  # the engine's own per-poll work (thread pinning)
 
     async def run(self) -> Terminal:
         start = time.monotonic()
@@ -87,6 +89,8 @@ class Monitor:
         cancel_deadline: float | None = None
         while True:
             now = time.time()
+            if self.on_tick is not None:
+                self.on_tick()
             obs = Observation.parse(now - self.t_migrate, await self.src.cmd("query-migrate"))
             sample = {**obs.sample(), **await self.hooks.on_poll(now, obs)}
             self.timeline.append(sample)

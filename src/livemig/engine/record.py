@@ -42,6 +42,7 @@ class MigrationRecord:
     destination_status: str | None = None
     plan: Plan | None = None
     encoding: dict[str, Any] | None = None  # the stream encoding's choice (engine.adapt)
+    pinning: dict[str, Any] | None = None  # the source's threads pinned (engine.pinning)
 
     @property
     def completed(self) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from livemig.engine import guardian
+from livemig.engine import guardian, pinning
 from livemig.engine.actuator import DiskTargets
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
@@ -136,6 +136,8 @@ class Engine:
         self.cpu: dict[str, float | None] = {}
         self.restored: dict[str, Any] = {}
         self._guardian: guardian.Handle | None = None
+        self.pinner: pinning.ThreadPinner | None = None
+        self.pinning: dict[str, Any] | None = None  # what was pinned, for the report
 
     # -- the run ----------------------------------------------------------------------
     async def run(self) -> MigrationRecord:
@@ -167,10 +169,13 @@ class Engine:
             PolicyConfig.from_settings(lm, downtime, disk_link=p.disk_link if disk else None,
                                        ram_cap=p.bandwidth),
             QmpActuator(self.src.cmd, disk), lambda what, data: self.events.event(what, **data))
+        await self._plan_pinning(str(lm.get("pin", "off")))
         if self.guardian_dir is not None:  # before the first setting is changed
             self._guardian = guardian.start(self._guardian_spec(), self.guardian_dir)
         await apply(self.src, self.dst, self.neg)
         self.events.event("settings applied", **self.neg.resolved.as_dict())
+        if self.pinner is not None:
+            self.pinner.apply()
         await self._incoming()
         self.events.event("phase warmup")
         await self.hooks.warmup()
@@ -186,7 +191,8 @@ class Engine:
                       self.s.t_migrate, p.max_time, self.interrupt, self.executor,
                       self.hooks, self.timeline, dst=self.dst,
                       stall_timeout=float(self.neg.resolved.livemig["stall-timeout"]),
-                      release=self._release_controls)
+                      release=self._release_controls,
+                      on_tick=self.pinner.apply if self.pinner is not None else None)
         end = await mon.run()
         self.s.final = end.info
         await self._release_controls()
@@ -357,6 +363,18 @@ class Engine:
         self.cpu["source"] = _delta(proc_cpu(self.src.pid), self.cpu.get("source_before"))
         self.s.source_after = after
 
+    async def _plan_pinning(self, mode: str) -> None:
+        """Pin the source's threads when the policy says so and its QEMU is on this
+        host; the vCPUs' affinities are taken first, for the restore and the guardian."""
+        if mode == "off":
+            return
+        vcpus = len(await self.src.cmd("query-cpus-fast"))
+        self.pinner, why = pinning.plan_for(self.src.pid, vcpus, mode)
+        self.pinning = (self.pinner.as_report() if self.pinner is not None
+                        else {"mode": mode, "applied": False, "reason": why})
+        self.events.event("pinning", **{k: v for k, v in self.pinning.items()
+                                        if k != "threads"})
+
     async def _release_controls(self) -> None:
         """No throttle and no IO cap survive the migration, whatever its outcome."""
         if self.executor is not None and self.src.alive():
@@ -377,6 +395,11 @@ class Engine:
                 except (LivemigError, OSError) as e:
                     self.restored[name] = {"errors": [str(e)]}
             self.events.event("settings restored", **self.restored)
+        if self.pinner is not None:
+            self.pinning = self.pinner.as_report()
+            undone = self.pinner.restore()
+            if undone:
+                self.events.event("pinning undone", threads=undone)
         if self._guardian is not None:
             self._guardian.dismiss()
             self._guardian = None
@@ -390,6 +413,8 @@ class Engine:
             "run_id": self.id,
             "original_src": self.neg.original_src.as_dict(),
             "original_dst": self.neg.original_dst.as_dict(),
+            **({"affinity": {str(t): c for t, c in self.pinner.originals.items()}}
+               if self.pinner is not None else {}),
             **self.hooks.guardian_extra(),
         }
 
@@ -409,7 +434,8 @@ class Engine:
             timeline=tuple(self.timeline), events=tuple(self.events.log), ram=s.ram,
             verify=self.plan.verify, source_after=s.source_after,
             restored=dict(self.restored), cpu=dict(self.cpu),
-            destination_status=s.dst_status, plan=self.plan, encoding=self.encoding)
+            destination_status=s.dst_status, plan=self.plan, encoding=self.encoding,
+            pinning=self.pinning)
 
 
 def mismatch_reason(ram: RamVerdict | None, disk: str | None) -> str | None:

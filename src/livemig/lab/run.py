@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import shutil
 import socket
 import time
@@ -47,8 +46,7 @@ from livemig.lab.net import NetSpec
 from livemig.lab.service import ServiceRun
 from livemig.lab.storage import GUEST_DISK, DiskMirror
 from livemig.lab.storage import JOB as MIRROR_JOB
-from livemig.lab.vm import VM, Disk, VMConfig, is_migration_thread
-from livemig.policy import pinning
+from livemig.lab.vm import VM, Disk, VMConfig
 from livemig.policy.base import Snapshot
 from livemig.progress import Progress
 from livemig.ramcheck import gpa_to_offset
@@ -160,8 +158,6 @@ class LabRun(Hooks):
         self.state = RunState(self.run_dir)
         self._mem_files: list[Path] = []
         self.copy: DiskCopy | None = None  # --storage copy
-        self.pin_plan: pinning.PinPlan | None = None
-        self.pinning: dict[str, Any] = {}
         self.prober: Prober | None = None
         self.stream: Stream | TcpStream | None = None  # --set client-stream=udp|tcp
         self.switches: dict[str, vswitch.Switch] = {}  # --net vhost-user: per host
@@ -328,7 +324,6 @@ class LabRun(Hooks):
             self.vhost["src_queue_packets"] = \
                 self.switches[self.opts.src_host].queue_counters()
             self.vhost["src_port_drops"] = self.switches[self.opts.src_host].drop_counters()
-        self._plan_pinning()
 
     async def on_poll(self, now: float, obs: Observation) -> dict[str, Any]:
         assert self.src is not None
@@ -336,8 +331,6 @@ class LabRun(Hooks):
         if self.copy is not None and self.disk is not None and self.disk.active \
                 and not obs.terminal:
             await self.copy.poll(now)
-        if self.pin_plan is not None:
-            self._pin_threads()
         if self.switches and not self.vhost.get("log_enabled_seen") and not obs.terminal:
             st = await self._vhost_status(self.src)
             if st.get("log_enabled"):
@@ -596,39 +589,6 @@ class LabRun(Hooks):
         self.adapted = await adapt(self.src.endpoint, self.plan, hints, self.events)
         self.encoding = self.adapted.encoding
 
-    def _plan_pinning(self) -> None:
-        assert self.src is not None
-        mode = str(self.livemig["pin"])
-        cpus = sorted(os.sched_getaffinity(0))
-        self.pin_plan, why = pinning.plan(cpus, self.opts.vcpus, mode)
-        self.pinning = {"mode": mode, "applied": self.pin_plan is not None, "reason": why,
-                        "threads": {}}
-        if mode != "off":
-            self.event("pinning", **{k: v for k, v in self.pinning.items() if k != "threads"})
-        if self.pin_plan is not None:
-            self._pin_threads()
-
-    def _pin_threads(self) -> None:
-        """Pin the source's vCPU and migration threads (new ones appear as it runs)."""
-        assert self.src is not None and self.pin_plan is not None
-        done: dict[str, list[int]] = self.pinning["threads"]
-        for tid, comm in self.src.threads().items():
-            key = f"{tid}:{comm}"
-            if key in done:
-                continue
-            if pinning.is_vcpu_thread(comm):
-                cpus = self.pin_plan.vcpu_cpus
-            elif is_migration_thread(comm):
-                cpus = self.pin_plan.migration_cpus
-            else:
-                continue
-            try:
-                os.sched_setaffinity(tid, cpus)
-            except OSError as e:
-                log.info("cannot pin %s: %s", key, e)
-                continue
-            done[key] = sorted(cpus)
-
     def _vm_config(self, name: str, disks: list[Disk], incoming: bool) -> VMConfig:
         """``name`` is the role (src/dst); the testbed host comes from the options."""
         o = self.opts
@@ -868,7 +828,7 @@ class LabRun(Hooks):
             guest="mismatch" if guest_errors else ("ok" if o.workload.verify else "skipped"),
             guest_errors=guest_errors,
             migration_thread_cpu=round(self.src.migration_thread_cpu(), 3) if self.src else None,
-            pinning=self.pinning or None, encoding=self.encoding,
+            encoding=self.encoding,
             qemu_trace=self.qemu_trace,
             settings={
                 "memory": o.memory, "vcpus": o.vcpus, "qemu": str(o.qemu),

@@ -27,6 +27,7 @@ from qemu.qmp import QMPClient
 
 from livemig import private
 from livemig.engine.endpoint import Endpoint
+from livemig.engine.pinning import is_migration_thread
 from livemig.errors import VMError
 from livemig.lab import qemutrace
 from livemig.paths import FIRMWARE_DIRS
@@ -266,15 +267,7 @@ class VM:
 
     def migration_thread_cpu(self) -> float:
         """CPU seconds of QEMU's migration threads seen so far (main + multifd)."""
-        return sum(cpu for comm, cpu in self._thread_cpu.values() if _is_migration_thread(comm))
-
-
-def is_migration_thread(comm: str) -> bool:
-    return _is_migration_thread(comm)
-
-
-def _is_migration_thread(comm: str) -> bool:
-    return comm.startswith(("mig/", "live_migration", "multifd"))
+        return sum(cpu for comm, cpu in self._thread_cpu.values() if is_migration_thread(comm))
 
 
 def _stat_cpu(path: Path) -> float | None:
