@@ -15,6 +15,7 @@ per family.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import statistics
@@ -446,25 +447,13 @@ async def run_bench(scenarios: list[Path], out_dir: Path, accel: str, reason: st
         bins = {p: stock if on_stock_binary(p) else patched for p in profs}
         labels = {p: binary_label(b) for p, b in bins.items()}
         runs: dict[str, list[dict[str, Any]]] = {p: [] for p in profs}
-        for i in range(n):
-            for p in profs:
-                path = out_dir / f"{sc['name']}-{p}-{i + 1}.json"
-                if reuse != "no" and path.exists():
-                    runs[p].append(json.loads(path.read_text()))
-                    continue
-                if reuse == "only":
-                    continue
-                print(f"== bench {sc['name']}: {p} run {i + 1}/{n} ({labels[p]})",
-                      flush=True)
-                mig = LabRun(options_for(sc, p, accel, reason, bins[p], via),
-                             Progress(enabled=not quiet))
-                await mig.run()
-                rep = mig.report()
-                rep["bench"] = {"family": sc["name"], "profile": p, "repeat": i + 1, "via": via,
-                                "binary": labels[p], "qemu": str(bins[p])}
-                write_report(rep, path)
-                runs[p].append(rep)
-                print(f"   {rep['outcome']} in {rep['total_time_s']}s", flush=True)
+        with contextlib.ExitStack() as family_stack:
+            if via == "libvirt" and reuse != "only":
+                from livemig import bench_libvirt
+
+                family_stack.enter_context(bench_libvirt.testbed(str(sc.get("link", "1gbit"))))
+            await _run_family(sc, profs, n, bins, labels, runs, out_dir, accel, reason, via,
+                              reuse, quiet)
         if reuse == "only":  # --summarize: only what was run
             runs = {p: r for p, r in runs.items() if r}
             if not runs:
@@ -481,3 +470,36 @@ async def run_bench(scenarios: list[Path], out_dir: Path, accel: str, reason: st
     md = "\n".join(md_parts)
     (out_dir / "summary.md").write_text(md)
     return md
+
+
+async def _run_family(sc: dict[str, Any], profs: list[str], n: int, bins: dict[str, Path],
+                      labels: dict[str, str], runs: dict[str, list[dict[str, Any]]],
+                      out_dir: Path, accel: str, reason: str, via: str, reuse: str,
+                      quiet: bool) -> None:
+    """The family's runs, profiles interleaved within each repeat."""
+    for i in range(n):
+        for p in profs:
+            path = out_dir / f"{sc['name']}-{p}-{i + 1}.json"
+            if reuse != "no" and path.exists():
+                runs[p].append(json.loads(path.read_text()))
+                continue
+            if reuse == "only":
+                continue
+            print(f"== bench {sc['name']}: {p} run {i + 1}/{n} ({labels[p]})",
+                  flush=True)
+            if via == "libvirt":
+                from livemig.bench_libvirt import LibvirtRun
+
+                runs_dir = out_dir / "libvirt-runs"
+                runs_dir.mkdir(exist_ok=True)
+                rep = await LibvirtRun(sc, p, base_profile(p), bins[p], runs_dir, quiet).run()
+            else:
+                mig = LabRun(options_for(sc, p, accel, reason, bins[p], via),
+                             Progress(enabled=not quiet))
+                await mig.run()
+                rep = mig.report()
+            rep["bench"] = {"family": sc["name"], "profile": p, "repeat": i + 1, "via": via,
+                            "binary": labels[p], "qemu": str(bins[p])}
+            write_report(rep, path)
+            runs[p].append(rep)
+            print(f"   {rep['outcome']} in {rep['total_time_s']}s", flush=True)

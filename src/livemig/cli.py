@@ -149,10 +149,12 @@ def _build_parser() -> argparse.ArgumentParser:
                    "(default: the unpatched build of the same release, "
                    "build/qemu-upstream/..., from 'make qemu-upstream'; 'same': --qemu)")
     b.add_argument("--accel", default="auto", help="auto|kvm|tcg")
-    b.add_argument("--via", choices=("lab", "attach"), default="lab",
+    b.add_argument("--via", choices=("lab", "attach", "libvirt"), default="lab",
                    help="lab: the lab drives the migration with its own hooks; attach: the "
                    "lab boots and measures the guests, then hands their QMP sockets to "
-                   "the attach path, which migrates them as a user's VMs (default lab)")
+                   "the attach path, which migrates them as a user's VMs; libvirt: each "
+                   "guest is a domain of the testbed's libvirt daemons, migrated by "
+                   "'livemig migrate --domain' (default lab)")
     b.add_argument("-q", "--quiet", action="store_true", help="no live progress")
 
     v = sub.add_parser("verify", help="migrate one guest back and forth under its "
@@ -453,6 +455,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
             binaries({**sc, "profiles": profiles or sc["profiles"]}, a.qemu, a.stock_qemu)
     if a.repeats is not None and a.repeats < 1:
         raise UsageError("--repeats must be at least 1")
+    if a.via == "libvirt":
+        for path in a.scenarios:
+            for sc in load_scenarios(path):
+                if str(sc.get("link", "1gbit")) == "local" or sc.get("storage", "shared") \
+                        != "shared":
+                    raise UsageError(f"--via libvirt: family {sc['name']!r} needs the testbed "
+                                     "(a link rate, not 'local') and shared storage")
     families = [f.strip() for f in a.families.split(",")] if a.families else None
     if families:
         known = {sc["name"] for path in a.scenarios for sc in load_scenarios(path)}

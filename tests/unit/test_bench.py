@@ -1,9 +1,11 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from livemig.bench import best_baseline, load_scenario, markdown, summarize
-from livemig.errors import UsageError
+from livemig.errors import UsageError, VMError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -122,3 +124,27 @@ def test_summarize_only_reads_the_reports_there(tmp_path):
         (out / f"fam-{p}-1.json").write_text(json.dumps(rep))
     md = asyncio.run(run_bench([sc], out, "-", "", None, None, None, True, None, "only"))
     assert "| livemig |" in md and "1/1" in md and "(0.40×)" in md
+
+
+def test_libvirt_bench_finds_the_agent_channel_libvirt_named():
+    from livemig.bench_libvirt import channel_path
+
+    xml = """<domain><devices>
+      <channel type='unix'><source mode='bind' path='/run/x/org.qemu.guest_agent.0'/>
+        <target type='virtio' name='org.qemu.guest_agent.0'/></channel>
+      <channel type='unix'><source mode='bind' path='/var/lib/libvirt/qemu/ch/agent0'/>
+        <target type='virtio' name='org.livemig.agent0'/></channel>
+    </devices></domain>"""
+    assert channel_path(xml) == "/var/lib/libvirt/qemu/ch/agent0"
+    with pytest.raises(VMError, match="no livemig agent channel"):
+        channel_path("<domain><devices/></domain>")
+
+
+def test_bench_via_libvirt_refuses_a_local_family(tmp_path):
+    sc = tmp_path / "s.toml"
+    sc.write_text('profiles = ["upstream"]\nrepeats = 1\nmemory = "256M"\n'
+                  '[[family]]\nname = "f"\nworkload = "idle"\nlink = "local"\n')
+    p = subprocess.run([sys.executable, "-m", "livemig.cli", "bench", "--via", "libvirt",
+                        "--stock-qemu", "same", str(sc)], capture_output=True, text=True)
+    assert p.returncode == 2 and "needs the testbed" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr

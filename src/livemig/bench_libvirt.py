@@ -1,0 +1,244 @@
+"""``livemig bench --via libvirt``: a family's guest as a libvirt domain.
+
+The testbed's per-host libvirt daemons run the guest (the lab's kernel and agent,
+booted by libvirt from :func:`livemig.virt.domain.lab_domain_xml`, with the family's
+memory and workload); ``livemig migrate --domain`` migrates it exactly as a user
+runs it, in a child process. The bench measures around it what a report of a
+libvirt run cannot know by itself: the guest's work, read from the agent's
+virtio-serial channel (the socket libvirt names on each host), before, during and
+after the migration, so the harm columns mean what they mean for the lab and attach
+runs. The time the destination was held paused for the disk comparison is left out
+of the harm, as the lab leaves out its verify hold.
+
+What differs from an attach run, by construction: libvirt starts the destination
+QEMU inside the migration (its begin/prepare phase is in ``total_time_s``), and the
+stream goes over libvirt's own connection handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from livemig import metrics, paths
+from livemig.errors import SetupError, VMError
+from livemig.lab.agent import AgentLink
+from livemig.settings import PROFILES
+from livemig.testbed import libvirtd, topology
+from livemig.units import parse_link_rate, parse_size
+
+log = logging.getLogger(__name__)
+
+DISK_BYTES = 64 << 20  # a small raw disk on shared storage (RAM is what is measured)
+BOOT_TIMEOUT_S = 120.0  # the agent's first workload counters after the domain starts
+SETTLE_S = 2.0  # the guest's work measured this long after the migration ends
+LAB_ONLY_SETS = ("warmup", "settle")  # the bench does the warm-up itself
+
+
+def _conn(side: str) -> Any:
+    from livemig.virt.conn import libvirt_module
+
+    return libvirt_module().open(libvirtd.local_uri(side))
+
+
+def channel_path(xml: str) -> str:
+    """The agent channel's socket in a live domain XML (libvirt names it)."""
+    root = ET.fromstring(xml)
+    for ch in root.iterfind("./devices/channel"):
+        target = ch.find("target")
+        src = ch.find("source")
+        if target is not None and target.get("name", "").startswith("org.livemig.agent") \
+                and src is not None and src.get("path"):
+            return str(src.get("path"))
+    raise VMError("the domain has no livemig agent channel")
+
+
+class LibvirtRun:
+    """One family/profile/repeat as a libvirt domain, migrated by the CLI."""
+
+    def __init__(self, sc: dict[str, Any], profile: str, base: str, qemu: Path,
+                 run_dir: Path, quiet: bool) -> None:
+        self.sc = sc
+        self.profile = profile
+        self.base = base
+        self.qemu = qemu
+        self.run_dir = run_dir
+        self.quiet = quiet
+        self.name = f"lmb-{uuid.uuid4().hex[:8]}"
+        self.image = libvirtd.shared_dir() / f"{self.name}.img"
+        self.agents: list[AgentLink] = []
+
+    def _cmd(self, report: Path) -> list[str]:
+        sets = {k: str(v) for k, v in self.sc.get("set", {}).items()
+                if k not in LAB_ONLY_SETS}
+        if self.base in PROFILES and "encoding" in PROFILES[self.base]:
+            # what the lab hands the attach path: the testbed's link, for the model
+            sets.setdefault("link-rate", str(self.sc.get("link", "1gbit")))
+        argv = [sys.executable, "-m", "livemig.cli", "migrate", "--domain", self.name,
+                "--connect", libvirtd.uri("src"), "--to", libvirtd.uri("dst"),
+                "--profile", self.base, "--report", str(report), "-q",
+                "--max-time", str(self.sc.get("max_time", 300))]
+        if self.sc.get("bandwidth"):
+            argv += ["--bandwidth", str(self.sc["bandwidth"])]
+        for k, v in sets.items():
+            argv += ["--set", f"{k}={v}"]
+        return argv
+
+    async def run(self) -> dict[str, Any]:
+        from livemig.virt.domain import lab_domain_xml
+
+        with open(self.image, "wb") as f:
+            f.truncate(DISK_BYTES)
+        mib = parse_size(str(self.sc["memory"])) >> 20
+        xml = lab_domain_xml(self.name, self.qemu, paths.guest_kernel(), paths.guest_initrd(),
+                             str(self.image), memory_mib=mib, workload=str(self.sc["workload"]))
+        c = _conn("src")
+        try:
+            dom = c.defineXML(xml)
+            dom.create()
+            path = channel_path(dom.XMLDesc(0))
+        finally:
+            c.close()
+        try:
+            return await self._measure(path)
+        finally:
+            for a in self.agents:
+                await a.close()
+            self._cleanup()
+
+    async def _agent(self, side: str, path: str) -> AgentLink:
+        a = AgentLink(side, libvirtd.host_view(side, path))
+        await a.connect(BOOT_TIMEOUT_S)
+        self.agents.append(a)
+        return a
+
+    async def _measure(self, src_path: str) -> dict[str, Any]:
+        src = await self._agent("src", src_path)
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while len(src.rates) < 2:  # the workload runs
+            if time.monotonic() > deadline:
+                raise VMError(f"{self.name}: no workload counters from the guest agent")
+            await asyncio.sleep(0.2)
+        t_ready = time.time()
+        await asyncio.sleep(float(self.sc.get("set", {}).get("warmup", 5)))
+        report_path = self.run_dir / f"{self.name}.json"
+        t_migrate = time.time()
+        proc = await asyncio.create_subprocess_exec(
+            *self._cmd(report_path), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        out, err = await proc.communicate()
+        t_end = time.time()
+        if not report_path.exists():
+            raise VMError(f"livemig migrate --domain wrote no report (exit {proc.returncode}): "
+                          f"{err.decode(errors='replace').strip()[-400:]}")
+        rep: dict[str, Any] = json.loads(report_path.read_text())
+        if not self.quiet:
+            sys.stdout.write(out.decode(errors="replace"))
+        dst_side = "dst" if rep.get("outcome") == "completed" else None
+        if dst_side is not None:
+            c = _conn(dst_side)
+            try:
+                path = channel_path(c.lookupByName(self.name).XMLDesc(0))
+            finally:
+                c.close()
+            with contextlib.suppress(VMError):
+                await self._agent(dst_side, path)
+        await asyncio.sleep(SETTLE_S)
+        rep["workload"] = self._workload(rep, t_ready, t_migrate, t_end)
+        rep.update(self._pause(rep, t_migrate, t_end))
+        rep["bench_child_exit"] = proc.returncode
+        return rep
+
+    def _hold(self, rep: dict[str, Any], t_end: float) -> tuple[float, float] | None:
+        """The destination held paused for the disk comparison (the lab's verify hold):
+        it ended at the event "destination resumed"."""
+        detail = rep.get("consistency", {}).get("disk_detail") or {}
+        hold = detail.get("hold_s")
+        t0 = rep.get("started_at")
+        resumed = [e["t"] for e in rep.get("events", []) if e.get("event") == "destination resumed"]
+        if hold is None or not resumed or t0 is None:
+            return None
+        import datetime
+        start = datetime.datetime.fromisoformat(t0).timestamp()
+        end = start + float(resumed[-1])
+        return (end - float(hold), min(end, t_end))
+
+    def _rates(self) -> list[Any]:
+        return sorted((s for a in self.agents for s in a.rates), key=lambda s: s.t)
+
+    def _workload(self, rep: dict[str, Any], t_ready: float, t_migrate: float,
+                  t_end: float) -> dict[str, Any]:
+        wl: dict[str, Any] = {"spec": self.sc["workload"], "measured_by": "bench (agent "
+                              "channel of the libvirt domain on each host)"}
+        wl.update(metrics.workload_stats(self._rates(), t_ready, t_migrate, t_end,
+                                         self._hold(rep, t_end)).as_dict())
+        return wl
+
+    def _pause(self, rep: dict[str, Any], t_migrate: float, t_end: float) -> dict[str, Any]:
+        beats = sorted(b for a in self.agents for b in a.heartbeats)
+        gap = metrics.longest_gap(beats, t_migrate, t_end + 1.0)
+        if gap is None:
+            return {"guest_pause_ms": None}
+        pause = gap.seconds
+        hold = self._hold(rep, t_end)
+        if hold is not None and gap.start <= hold[0] <= gap.end:
+            pause = max(pause - (hold[1] - hold[0]), 0.0)
+        return {"guest_pause_ms": round(pause * 1000.0, 1),
+                "guest_pause_raw_ms": round(gap.seconds * 1000.0, 1)}
+
+    def _cleanup(self) -> None:
+        for side in ("src", "dst"):
+            try:
+                c = _conn(side)
+            except Exception as e:  # libvirt's own error class; nothing to clean there
+                log.info("cleanup %s: %s", side, e)
+                continue
+            try:
+                for d in c.listAllDomains():
+                    if d.name() == self.name:
+                        with contextlib.suppress(Exception):
+                            if d.isActive():
+                                d.destroy()  # the bench's own guest
+                        with contextlib.suppress(Exception):
+                            if d.isPersistent():
+                                d.undefine()
+            finally:
+                c.close()
+        with contextlib.suppress(OSError):
+            self.image.unlink()
+
+
+@contextlib.contextmanager
+def testbed(link: str) -> Any:
+    """The testbed with its libvirt daemons, the link shaped for the family; held (the
+    testbed lock) while the family runs. What this started is stopped after."""
+    with topology.locked():
+        created = not topology.is_up()
+        bits = parse_link_rate(link)
+        if created:
+            topology.up(bits, owner="bench --via libvirt")
+        else:
+            topology.set_link(bits)
+        started = [s for s in libvirtd.SIDES if not libvirtd.is_running(s)]
+        try:
+            libvirtd.up()
+        except SetupError:
+            if created:
+                topology.down(quiet=True)
+            raise
+        try:
+            yield
+        finally:
+            if started:
+                libvirtd.down()
+            if created:
+                topology.down(quiet=True)
