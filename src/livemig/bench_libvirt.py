@@ -86,6 +86,9 @@ class LibvirtRun:
         argv = [sys.executable, "-m", "livemig.cli", "migrate", "--domain", self.name,
                 "--connect", libvirtd.uri("src"), "--to", libvirtd.uri("dst"),
                 "--profile", self.base, "--report", str(report), "-q",
+                # the testbed's shared directory is one file system both daemons see;
+                # libvirt cannot tell it is shared (it is not NFS or a cluster FS)
+                "--unsafe",
                 "--max-time", str(self.sc.get("max_time", 300))]
         if self.sc.get("bandwidth"):
             argv += ["--bandwidth", str(self.sc["bandwidth"])]

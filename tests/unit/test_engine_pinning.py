@@ -86,3 +86,17 @@ def test_migration_thread_names_of_both_qemu_generations():
         assert pinning.is_migration_thread(comm)
     for comm in ("CPU 0/TCG", "qemu-system-x86", "IO mon_iothread", "migrator"):
         assert not pinning.is_migration_thread(comm)
+
+
+def test_vcpus_named_by_qmp_when_threads_have_no_names(qemu_like):
+    """A QEMU without debug-threads=on: the vCPU comes from query-cpus-fast's
+    thread-id, whatever its name."""
+    other = qemu_like["mig/src/send_0"]  # any thread of ours stands for the vCPU
+    plan = PinPlan(frozenset(HOST[:-1]), frozenset(HOST[-1:]), "test")
+    p = pinning.ThreadPinner(os.getpid(), plan, "on", vcpu_tids=[other])
+    assert p.originals == {other: HOST}
+    p.apply()
+    assert sorted(os.sched_getaffinity(other)) == HOST[:-1]
+    assert sorted(os.sched_getaffinity(qemu_like["CPU 0/TCG"])) == HOST  # not a vCPU now
+    p.restore()
+    assert sorted(os.sched_getaffinity(other)) == HOST

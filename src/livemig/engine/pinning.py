@@ -7,7 +7,12 @@ pinned. Only the vCPU threads outlive the migration (the migration threads end
 with it), so their original affinities are what the guardian is handed, before
 anything is pinned, to set back should livemig die.
 
-A QEMU on another host (its pid not visible here) is not pinned; the report says so.
+The vCPU threads are the ones QMP's ``query-cpus-fast`` names (``thread-id``), so a
+QEMU started without ``-name debug-threads=on`` (every thread then called
+``qemu-system-x86``) still has its vCPUs kept off the migration's CPUs; its migration
+threads, unnamed, then run wherever the kernel puts them (the report says which
+threads were pinned). A QEMU on another host (its pid not visible here) is not
+pinned; the report says so.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +50,17 @@ def threads(pid: int) -> dict[int, str]:
     return out
 
 
-def vcpu_affinities(pid: int) -> dict[int, list[int]]:
-    """The current affinity of each vCPU thread: what a restore sets back."""
+def vcpu_affinities(pid: int, vcpu_tids: Collection[int] | None = None
+                    ) -> dict[int, list[int]]:
+    """The current affinity of each vCPU thread (``vcpu_tids``, else the threads
+    named like vCPUs): what a restore sets back."""
     out: dict[int, list[int]] = {}
-    for tid, comm in threads(pid).items():
-        if pinning.is_vcpu_thread(comm):
-            with contextlib.suppress(OSError):
-                out[tid] = sorted(os.sched_getaffinity(tid))
+    names = threads(pid)
+    tids = [t for t in names if t in vcpu_tids] if vcpu_tids is not None else [
+        t for t, comm in names.items() if pinning.is_vcpu_thread(comm)]
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            out[tid] = sorted(os.sched_getaffinity(tid))
     return out
 
 
@@ -73,19 +83,26 @@ class ThreadPinner:
     when ``migrate`` starts, so :meth:`apply` runs on every poll) and restores the
     vCPU threads' affinities at the end."""
 
-    def __init__(self, pid: int, plan: PinPlan, mode: str) -> None:
+    def __init__(self, pid: int, plan: PinPlan, mode: str,
+                 vcpu_tids: Collection[int] | None = None) -> None:
         self.pid = pid
         self.plan = plan
         self.mode = mode
-        self.originals = vcpu_affinities(pid)
+        self.vcpu_tids = frozenset(vcpu_tids) if vcpu_tids is not None else None
+        self.originals = vcpu_affinities(pid, self.vcpu_tids)
         self.pinned: dict[str, list[int]] = {}
+
+    def _is_vcpu(self, tid: int, comm: str) -> bool:
+        if self.vcpu_tids is not None:
+            return tid in self.vcpu_tids
+        return pinning.is_vcpu_thread(comm)
 
     def apply(self) -> None:
         for tid, comm in threads(self.pid).items():
             key = f"{tid}:{comm}"
             if key in self.pinned:
                 continue
-            if pinning.is_vcpu_thread(comm):
+            if self._is_vcpu(tid, comm):
                 cpus = self.plan.vcpu_cpus
                 if tid not in self.originals:  # a vCPU hot-plugged since: keep its own
                     with contextlib.suppress(OSError):
@@ -109,9 +126,11 @@ class ThreadPinner:
                 "threads": dict(self.pinned)}
 
 
-def plan_for(pid: int | None, vcpus: int, mode: str) -> tuple[ThreadPinner | None, str]:
+def plan_for(pid: int | None, vcpus: int, mode: str,
+             vcpu_tids: Collection[int] | None = None) -> tuple[ThreadPinner | None, str]:
     """A pinner for the QEMU ``pid`` (None when the policy says no or the QEMU is not
-    on this host) and why. The host CPUs are the ones the QEMU may run on."""
+    on this host) and why. The host CPUs are the ones the QEMU may run on;
+    ``vcpu_tids``: the vCPU threads as QMP's ``query-cpus-fast`` names them."""
     if mode == "off":
         return None, "pinning off"
     if pid is None or not Path(f"/proc/{pid}").exists():
@@ -123,7 +142,7 @@ def plan_for(pid: int | None, vcpus: int, mode: str) -> tuple[ThreadPinner | Non
     plan, why = pinning.plan(cpus, vcpus, mode)
     if plan is None:
         return None, why
-    return ThreadPinner(pid, plan, mode), why
+    return ThreadPinner(pid, plan, mode, vcpu_tids), why
 
 
 def _cpus(cpus: list[int]) -> str:

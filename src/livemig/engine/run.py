@@ -368,8 +368,10 @@ class Engine:
         host; the vCPUs' affinities are taken first, for the restore and the guardian."""
         if mode == "off":
             return
-        vcpus = len(await self.src.cmd("query-cpus-fast"))
-        self.pinner, why = pinning.plan_for(self.src.pid, vcpus, mode)
+        cpus = await self.src.cmd("query-cpus-fast")
+        tids = [int(c["thread-id"]) for c in cpus if "thread-id" in c]
+        self.pinner, why = pinning.plan_for(self.src.pid, len(cpus), mode,
+                                            tids if len(tids) == len(cpus) else None)
         self.pinning = (self.pinner.as_report() if self.pinner is not None
                         else {"mode": mode, "applied": False, "reason": why})
         self.events.event("pinning", **{k: v for k, v in self.pinning.items()
