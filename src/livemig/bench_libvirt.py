@@ -138,7 +138,13 @@ class LibvirtRun:
         proc = await asyncio.create_subprocess_exec(
             *self._cmd(report_path), stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        out, err = await proc.communicate()
+        follow = asyncio.create_task(self._follow_to_destination())
+        try:
+            out, err = await proc.communicate()
+        finally:
+            follow.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follow
         t_end = time.time()
         if not report_path.exists():
             raise VMError(f"livemig migrate --domain wrote no report (exit {proc.returncode}): "
@@ -146,20 +152,31 @@ class LibvirtRun:
         rep: dict[str, Any] = json.loads(report_path.read_text())
         if not self.quiet:
             sys.stdout.write(out.decode(errors="replace"))
-        dst_side = "dst" if rep.get("outcome") == "completed" else None
-        if dst_side is not None:
-            c = _conn(dst_side)
-            try:
-                path = channel_path(c.lookupByName(self.name).XMLDesc(0))
-            finally:
-                c.close()
-            with contextlib.suppress(VMError):
-                await self._agent(dst_side, path)
         await asyncio.sleep(SETTLE_S)
         rep["workload"] = self._workload(rep, t_ready, t_migrate, t_end)
         rep.update(self._pause(rep, t_migrate, t_end))
         rep["bench_child_exit"] = proc.returncode
         return rep
+
+    async def _follow_to_destination(self) -> None:
+        """Connect to the agent's channel on the destination as soon as libvirt has
+        started the incoming QEMU (its socket is there from the prepare phase), so
+        the guest's first heartbeats after the switchover are seen when they come."""
+        from livemig.virt.conn import libvirt_module
+
+        libvirt = libvirt_module()
+        c = await asyncio.to_thread(_conn, "dst")
+        try:
+            while True:
+                try:
+                    dom = await asyncio.to_thread(c.lookupByName, self.name)
+                    path = channel_path(await asyncio.to_thread(dom.XMLDesc, 0))
+                    await self._agent("dst", path)
+                    return
+                except (libvirt.libvirtError, VMError):
+                    await asyncio.sleep(0.1)
+        finally:
+            c.close()
 
     def _hold(self, rep: dict[str, Any], t_end: float) -> tuple[float, float] | None:
         """The destination held paused for the disk comparison (the lab's verify hold):
