@@ -38,6 +38,7 @@ from livemig.virt.actuator import IoDevice, LibvirtActuator, io_devices
 from livemig.virt.conn import LibvirtError, find, libvirt_module, lookup, message, open_uri
 from livemig.virt.facts import (
     DiskEnds,
+    NbdEnds,
     compare_copied_disks,
     cpu_seconds,
     disk_aliases,
@@ -57,6 +58,7 @@ from livemig.virt.plan import (
     STREAM_PARAMS,
     Plan,
     Request,
+    disk_check_fallback,
     disk_check_method,
     has_stream_globals,
     make_plan,
@@ -129,7 +131,8 @@ class DomainMigration:
         self.dom: Any = None
         self.disks: dict[str, str] = {}  # target -> source path (copied disks)
         self.disk_formats: dict[str, str] = {}  # target -> raw, qcow2, ...
-        self.disk_method = "stream"  # file | stream: how the copied disks are compared
+        self.disk_method = "nbd"  # nbd | file | stream: how the copied disks are compared
+        self.domain_xml = ""  # the source domain's live XML (the NBD reader's template)
         self.restore_params: dict[str, Any] = {}
         self.restore_caps: dict[str, bool] = {}
         self.orig_downtime: int | None = None
@@ -162,6 +165,7 @@ class DomainMigration:
             raise UsageError(f"domain {o.domain!r} already runs on {o.dst_uri}")
         self._repair_leftovers()  # first: what is probed next is then the real state
         xml = self.dom.XMLDesc(0)
+        self.domain_xml = xml
         self.disks = writable_disks(xml)
         self.disk_formats = disk_formats(xml)
         info = qmp.probe(self.dom)
@@ -512,11 +516,8 @@ class DomainMigration:
         if plan.flags & PAUSED:
             self.progress.step(f"comparing the copied disks (disk-check="
                                f"{self.disk_method}); the destination is held paused")
-            ends = DiskEnds(o.src_uri, o.dst_uri, self.src_conn, self.dst_conn)
             t0 = time.monotonic()
-            self.run.disk_check = compare_copied_disks(
-                ends, self.disks, self.disk_formats, self.disk_method, o.disk_fault,
-                self.run.event)
+            self.run.disk_check = self._compare_disks(dst)
             self.progress.step(f"disks {self.run.disk_check['result']} in "
                                f"{time.monotonic() - t0:.2f} s")
             if self.run.disk_check.get("result") == "mismatch":
@@ -544,6 +545,28 @@ class DomainMigration:
         still = find(self.src_conn, o.domain)
         self.run.destination["gone_from_source"] = still is None
         self.progress.step(f"{o.domain} runs on {o.dst_uri}")
+
+    def _compare_disks(self, dst: Any) -> dict[str, Any]:
+        """The copied disks compared while the destination is held paused; ``auto``
+        falls back from NBD exports to the image files or volume streams when the
+        exports could not be made (nothing was compared)."""
+        o = self.opts
+        ends = DiskEnds(o.src_uri, o.dst_uri, self.src_conn, self.dst_conn)
+        nbd_ends = NbdEnds(o.domain, self.domain_xml, dst)
+        res = compare_copied_disks(ends, self.disks, self.disk_formats, self.disk_method,
+                                   o.disk_fault, self.run.event, nbd_ends)
+        plan = self.run.plan
+        if (res["result"] == "skipped" and self.disk_method == "nbd" and plan is not None
+                and plan.disk_check == "auto"):
+            other = disk_check_fallback(on_one_machine(o.src_uri, o.dst_uri))
+            why = res.get("why")
+            self.run.event("disk check falls back", method=other, why=why)
+            self.progress.step(f"NBD disk check not possible ({why}); disk-check={other} "
+                               "instead")
+            res = compare_copied_disks(ends, self.disks, self.disk_formats, other,
+                                       o.disk_fault, self.run.event)
+            res["nbd_skipped"] = why
+        return res
 
     def _ram_check_result(self, dst: Any) -> dict[str, Any]:
         """The destination's figures of the in-stream check: a completed migration

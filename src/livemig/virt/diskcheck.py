@@ -1,0 +1,304 @@
+"""Copied disks compared through read-only NBD exports of each end's QEMU block node.
+
+After a ``--storage copy`` migration with ``VIR_MIGRATE_PAUSED`` both copies are
+quiescent: the destination domain is held paused, and the source's image is closed
+(libvirt stops the source QEMU inside the completing call, in its Confirm phase,
+so no source QEMU is left to ask). Each side's image is therefore read by a QEMU
+on its own host:
+
+- the destination: the held-paused domain's own QEMU, by monitor passthrough
+  (``nbd-server-start`` on the host's migration address, ``block-export-add``
+  ``type=nbd writable=false`` of the disk's node; ``allow-inactive`` when QEMU kept
+  the node inactive for the paused incoming guest);
+- the source: a *reader* QEMU the source daemon starts for a few seconds: a
+  transient domain, paused, never run, with the copied images attached read-only
+  (``VIR_DOMAIN_START_PAUSED | VIR_DOMAIN_START_AUTODESTROY``: libvirt destroys it
+  when livemig's connection closes, even if livemig dies), exporting them the same
+  way.
+
+An export serves guest-visible data (QEMU's block layer decodes the format), so a
+qcow2 image compares the same as a raw one. The reader (:mod:`livemig.virt.nbd`)
+hashes 1 MiB blocks with SHA-256, both sides at once; a difference names the first
+differing blocks (offsets) and, from a re-read of the first one, the first differing
+byte. On the testbed each side's socket is opened inside that host's namespace, so
+its data crosses only that host's loopback; between real hosts livemig reads both
+exports over the migration network. Every export, NBD server and reader domain is
+removed afterwards, whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import time
+import urllib.parse
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from livemig.errors import LivemigError
+from livemig.virt import nbd, qmp
+from livemig.virt.chunks import (
+    CHUNK,
+    Digests,
+    chunk_range,
+    diff_chunks,
+    first_differing_byte,
+)
+from livemig.virt.conn import LibvirtError, libvirt_module, message, testbed_side
+from livemig.virt.facts import NBD_METHOD, disk_aliases
+from livemig.virt.volumes import Skipped
+
+METHOD = NBD_METHOD
+EXPORT_PREFIX = "livemig-check-"
+PORTS = (49400, 49899)  # the NBD server's port is drawn from here (tried a few times)
+PORT_TRIES = 8
+READER_MEMORY_MIB = 16  # the reader domain never runs: its RAM is never touched
+MAX_LISTED = 16  # differing blocks named in the report
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Side:
+    """One end: its libvirt URI and connection, the address its QEMU listens on."""
+
+    uri: str
+    conn: Any
+
+    @property
+    def address(self) -> str:
+        host = urllib.parse.urlsplit(self.uri).hostname
+        return host or "127.0.0.1"  # a local URI: livemig runs on that host
+
+    def connector(self, port: int) -> Callable[[], socket.socket]:
+        """The socket to this side's export: inside the testbed host's namespace."""
+        connect = nbd.tcp(self.address, port)
+        side = testbed_side(self.uri)
+        if side is None:
+            return connect
+        from livemig.testbed import netns, topology
+
+        ns = topology.HOSTS[side]
+        return lambda: netns.call_in(ns, connect)
+
+
+def node_of(dom: Any, alias: str) -> str:
+    """The block node behind the device ``alias`` (libvirt's qdev id)."""
+    for b in qmp.command(dom, "query-block") or []:
+        qdev = str(b.get("qdev", ""))
+        if qdev in (alias, f"/machine/peripheral/{alias}") or \
+                f"/machine/peripheral/{alias}/" in qdev:
+            node = (b.get("inserted") or {}).get("node-name")
+            if node:
+                return str(node)
+    raise Skipped(f"device {alias}: no block node in query-block")
+
+
+def aliases(dom: Any) -> dict[str, str]:
+    """target dev -> device alias of the running domain's disks."""
+    return disk_aliases(dom.XMLDesc(0))
+
+
+@contextlib.contextmanager
+def exports(dom: Any, side: Side, nodes: dict[str, str]) -> Iterator[int]:
+    """An NBD server on ``side``'s address with a read-only export of each node
+    (named ``livemig-check-<target>``); yields its port; all removed afterwards."""
+    port = _start_server(dom, side.address)
+    added: list[str] = []
+    try:
+        for target, node in nodes.items():
+            _add_export(dom, f"{EXPORT_PREFIX}{target}", node)
+            added.append(f"{EXPORT_PREFIX}{target}")
+        yield port
+    finally:
+        for name in added:
+            with contextlib.suppress(LivemigError):
+                qmp.command(dom, "block-export-del", id=name, mode="hard")
+        with contextlib.suppress(LivemigError):
+            qmp.command(dom, "nbd-server-stop")
+
+
+def _start_server(dom: Any, address: str) -> int:
+    last = ""
+    for _ in range(PORT_TRIES):
+        port = random.randint(*PORTS)
+        try:
+            qmp.command(dom, "nbd-server-start", addr={
+                "type": "inet", "host": address, "port": str(port)})
+            return port
+        except LibvirtError as e:
+            last = str(e)
+            if "already running" in last:
+                raise Skipped(f"the QEMU already runs an NBD server: {last}") from None
+    raise Skipped(f"no NBD server on {address}: {last}")
+
+
+def _add_export(dom: Any, name: str, node: str) -> None:
+    args: dict[str, Any] = {"type": "nbd", "id": name, "node-name": node, "name": name,
+                            "writable": False}
+    try:
+        qmp.command(dom, "block-export-add", **args)
+    except LibvirtError as e:
+        if "inactive" not in str(e).lower():
+            raise Skipped(f"block-export-add {node}: {e}") from None
+        # the paused incoming guest's images stay inactive until it runs (QEMU 10):
+        # reading them is what allow-inactive is for
+        try:
+            qmp.command(dom, "block-export-add", **args, **{"allow-inactive": True})
+        except LibvirtError as e2:
+            raise Skipped(f"block-export-add {node}: {e2}") from None
+
+
+def reader_xml(domain_xml: str, targets: tuple[str, ...], name: str) -> str:
+    """A domain that only opens the copied images read-only: the source domain's
+    emulator, machine type and firmware directories (``-L``), its copied disks with
+    their drivers and targets; no kernel, no NIC, started paused and never run."""
+    src = ET.fromstring(domain_xml)
+    qns = "http://libvirt.org/schemas/domain/qemu/1.0"
+    ET.register_namespace("qemu", qns)
+    dom = ET.Element("domain", {"type": src.get("type", "qemu")})
+    ET.SubElement(dom, "name").text = name
+    ET.SubElement(dom, "memory", {"unit": "MiB"}).text = str(READER_MEMORY_MIB)
+    ET.SubElement(dom, "vcpu").text = "1"
+    os_el = ET.SubElement(dom, "os")
+    t = src.find("./os/type")
+    typ = ET.SubElement(os_el, "type", {k: v for k, v in (t.attrib if t is not None
+                                                           else {}).items()
+                                        if k in ("arch", "machine")})
+    typ.text = "hvm"
+    devices = ET.SubElement(dom, "devices")
+    em = src.find("./devices/emulator")
+    if em is not None:
+        ET.SubElement(devices, "emulator").text = em.text
+    for disk in src.findall("./devices/disk"):
+        tgt = disk.find("target")
+        if tgt is None or tgt.get("dev") not in targets:
+            continue
+        d = ET.SubElement(devices, "disk", {"type": disk.get("type", "file"),
+                                            "device": "disk"})
+        for child in ("driver", "source", "target"):
+            el = disk.find(child)
+            if el is not None:
+                ET.SubElement(d, child, dict(el.attrib))
+        ET.SubElement(d, "readonly")
+    ET.SubElement(devices, "memballoon", {"model": "none"})
+    args = [a.get("value", "") for a in src.findall(f"./{{{qns}}}commandline/{{{qns}}}arg")]
+    fw = [v for i, v in enumerate(args) if i > 0 and args[i - 1] == "-L"]
+    if fw:
+        cl = ET.SubElement(dom, f"{{{qns}}}commandline")
+        for v in fw:
+            ET.SubElement(cl, f"{{{qns}}}arg", {"value": "-L"})
+            ET.SubElement(cl, f"{{{qns}}}arg", {"value": v})
+    return ET.tostring(dom, encoding="unicode")
+
+
+@contextlib.contextmanager
+def reader_domain(conn: Any, domain_xml: str, targets: tuple[str, ...],
+                  domain: str) -> Iterator[Any]:
+    """The source host's reader QEMU (paused, auto-destroyed); destroyed afterwards."""
+    lv = libvirt_module()
+    name = f"livemig-diskread-{domain}-{uuid.uuid4().hex[:6]}"
+    try:
+        dom = conn.createXML(reader_xml(domain_xml, targets, name),
+                             lv.VIR_DOMAIN_START_PAUSED | lv.VIR_DOMAIN_START_AUTODESTROY)
+    except lv.libvirtError as e:
+        raise Skipped(f"the source host could not start a reader QEMU for the source's "
+                      f"images: {message(e)}") from None
+    try:
+        yield dom
+    finally:
+        with contextlib.suppress(lv.libvirtError):
+            dom.destroy()
+
+
+def flip_byte(dom: Any, alias: str, node: str, reader: nbd.NbdReader, offset: int) -> None:
+    """Testing only: invert one guest-visible byte of the destination's disk through
+    its QEMU (HMP ``qemu-io``), after activating the node if the paused guest's is
+    inactive."""
+    if not 0 <= offset < reader.size:
+        raise LivemigError(f"--inject-fault disk-byte@{offset:#x} is beyond the "
+                           f"destination's disk ({reader.size} bytes)")
+    old = reader.read(offset, 1)[0]
+    with contextlib.suppress(LivemigError):  # absent before QEMU 10: nodes are active
+        qmp.command(dom, "blockdev-set-active", **{"node-name": node, "active": True})
+    out = qmp.command(dom, "human-monitor-command", **{
+        "command-line": f'qemu-io -d {alias} "write -P {old ^ 0xFF:#x} {offset} 1"'})
+    if out and ("error" in str(out).lower() or "failed" in str(out).lower()):
+        raise LivemigError(f"qemu-io on the destination: {str(out).strip()}")
+
+
+def compare(src: Side, dst: Side, dst_dom: Any, domain_xml: str, domain: str,
+            disks: dict[str, str], fault: int | None,
+            event: Callable[..., None]) -> dict[str, dict[str, Any]]:
+    """Each copied disk (target -> path): ``ok``, ``mismatch`` with the differing
+    blocks, or ``skipped`` with why. ``fault``: flip that byte of the first disk on
+    the destination first (testing)."""
+    targets = tuple(disks)
+    dst_alias = aliases(dst_dom)
+    dst_nodes = {t: node_of(dst_dom, dst_alias.get(t, "")) for t in targets}
+    with reader_domain(src.conn, domain_xml, targets, domain) as reader:
+        src_alias = aliases(reader)
+        src_nodes = {t: node_of(reader, src_alias.get(t, "")) for t in targets}
+        with exports(reader, src, src_nodes) as src_port, \
+                exports(dst_dom, dst, dst_nodes) as dst_port:
+            event("disk exports", source=f"{src.address}:{src_port}",
+                  destination=f"{dst.address}:{dst_port}", reader=reader.name())
+            out: dict[str, dict[str, Any]] = {}
+            for i, t in enumerate(targets):
+                name = f"{EXPORT_PREFIX}{t}"
+                with nbd.opened(src.connector(src_port), name) as a, \
+                        nbd.opened(dst.connector(dst_port), name) as b:
+                    if fault is not None and i == 0:
+                        flip_byte(dst_dom, dst_alias[t], dst_nodes[t], b, fault)
+                        event("fault injected", kind="disk-byte", offset=f"{fault:#x}",
+                              image=f"{disks[t]} on {dst.uri} (qemu-io in its QEMU)")
+                    out[t] = {"source": f"{src.uri} {disks[t]}",
+                              "destination": f"{dst.uri} {disks[t]}",
+                              **compare_exports(a, b)}
+    return out
+
+
+def compare_exports(a: nbd.NbdReader, b: nbd.NbdReader) -> dict[str, Any]:
+    """Digest both exports at once, compare; on a difference name the blocks and
+    the first differing byte."""
+    t0 = time.monotonic()
+
+    def timed(r: nbd.NbdReader) -> tuple[Digests, float]:
+        t = time.monotonic()
+        return r.digests(CHUNK), time.monotonic() - t
+
+    with ThreadPoolExecutor(2, thread_name_prefix="nbd-digest") as ex:
+        fa, fb = ex.submit(timed, a), ex.submit(timed, b)
+        (da, ta), (db, tb) = fa.result(), fb.result()
+    res = cost(da.size, ta, tb, time.monotonic() - t0)
+    diff = diff_chunks(da, db)
+    if diff.equal:
+        return {"result": "ok", **res}
+    out: dict[str, Any] = {"result": "mismatch", **res, "chunks": diff.chunks,
+                           "mismatched_chunks": len(diff.differing),
+                           "first_mismatched_chunks": [f"{i * CHUNK:#x}" for i in
+                                                       diff.differing[:MAX_LISTED]]}
+    if da.size != db.size:
+        out["sizes"] = {"source": da.size, "destination": db.size}
+    first = diff.first
+    if first is None:
+        out["first_differing_byte"] = f"{min(da.size, db.size):#x}"
+        return out
+    start, end = chunk_range(first, CHUNK, max(da.size, db.size))
+    byte = first_differing_byte(a.read(start, end - start), b.read(start, end - start))
+    out["first_differing_chunk"] = {"index": first, "range": [f"{start:#x}", f"{end:#x}"]}
+    out["first_differing_byte"] = None if byte is None else f"{start + byte:#x}"
+    return out
+
+
+def cost(size: int, src_s: float, dst_s: float, wall_s: float) -> dict[str, Any]:
+    gib = size / GIB
+    return {"method": METHOD, "bytes": size, "chunk_size": CHUNK,
+            "source_s": round(src_s, 3), "destination_s": round(dst_s, 3),
+            "wall_s": round(wall_s, 3),
+            "cost_s_per_gib": {"source": round(src_s / gib, 3) if gib else None,
+                               "destination": round(dst_s / gib, 3) if gib else None}}
