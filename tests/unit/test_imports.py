@@ -45,6 +45,7 @@ def _tree_with(tmp_path: Path, module: str, line: str) -> Path:
     ("engine/events.py", "import livemig.virt.plan  # noqa", "engine"),
     # indirect: the engine reaches the lab through a module it may import
     ("settings.py", "from livemig.lab import storage  # noqa", "engine"),
+    ("report.py", "import livemig.virt.record  # noqa", "report builder"),
     ("policy/base.py", "from livemig import settings  # noqa", "policies"),
     ("units.py", "from livemig import paths  # noqa", "errors and units"),
 ])

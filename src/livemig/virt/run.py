@@ -23,6 +23,7 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -97,12 +98,15 @@ class Outcome:
 
 @dataclass
 class DomainRun:
-    """What one run observed; ``record.build`` turns it into the report."""
+    """What one run observed as it went; ``record.freeze`` makes it the engine's
+    immutable ``MigrationRecord`` (and ``LibvirtFacts``) once it has ended."""
 
     opts: DomainOptions
     t0: float = field(default_factory=time.time)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     t_migrate: float | None = None
-    t_end: float | None = None
+    t_end: float | None = None  # virDomainMigrateToURI3 returned
+    t_cont: float | None = None  # the held-paused destination was resumed
     result: Outcome = field(default_factory=Outcome)
     plan: Plan | None = None
     timeline: list[dict[str, Any]] = field(default_factory=list)
@@ -115,6 +119,7 @@ class DomainRun:
     destination: dict[str, Any] = field(default_factory=dict)
     libvirt: dict[str, Any] = field(default_factory=dict)
     encoding: dict[str, Any] | None = None  # the engine's choice (virt.sampling)
+    engine_plan: EnginePlan | None = None  # the engine's second plan (virt.sampling)
 
     def event(self, what: str, **data: Any) -> None:
         self.events.append({"t": round(time.time() - self.t0, 3), "event": what, **data})
@@ -248,6 +253,7 @@ class DomainMigration:
         adapted = adapt_domain(self.dom, self.src_conn, first, events, o.request.tls)
         self.run.events.extend(events.log)
         self.run.encoding = adapted.encoding
+        self.run.engine_plan = adapted.plan
         wanted = {**adapted.plan.wanted, **virt_only}
         if adapted.encoding and adapted.encoding.get("encoding"):
             wanted["encoding"] = "off"  # chosen: the applied stream settings carry it
@@ -525,6 +531,7 @@ class DomainMigration:
                                    f"-c {o.dst_uri} resume {o.domain} runs it anyway)")
             else:
                 dst.resume()
+                self.run.t_cont = time.time()
                 self.run.event("destination resumed")
                 # the guest waited for the comparison: a verify hold after QEMU's
                 # downtime (not in downtime_ms)
