@@ -8,8 +8,8 @@ on its own host:
 
 - the destination: the held-paused domain's own QEMU, by monitor passthrough
   (``nbd-server-start`` on the host's migration address, ``block-export-add``
-  ``type=nbd writable=false`` of the disk's node; ``allow-inactive`` when QEMU kept
-  the node inactive for the paused incoming guest);
+  ``type=nbd writable=false allow-inactive=true`` of the disk's node: the export
+  neither activates nor changes it);
 - the source: a *reader* QEMU the source daemon starts for a few seconds: a
   transient domain, paused, never run, with the copied images attached read-only
   (``VIR_DOMAIN_START_PAUSED | VIR_DOMAIN_START_AUTODESTROY``: libvirt destroys it
@@ -138,19 +138,22 @@ def _start_server(dom: Any, address: str) -> int:
 
 
 def _add_export(dom: Any, name: str, node: str) -> None:
+    """A read-only export of ``node``. ``allow-inactive``: an export without it
+    activates the node, and the paused incoming guest's nodes are not to be changed
+    before it runs (QEMU activates them at ``cont``); a QEMU before 10.0 has no such
+    option (and no inactive exports): then without it."""
     args: dict[str, Any] = {"type": "nbd", "id": name, "node-name": node, "name": name,
                             "writable": False}
     try:
+        qmp.command(dom, "block-export-add", **args, **{"allow-inactive": True})
+        return
+    except LibvirtError as e:
+        if "allow-inactive" not in str(e):
+            raise Skipped(f"block-export-add {node}: {e}") from None
+    try:
         qmp.command(dom, "block-export-add", **args)
     except LibvirtError as e:
-        if "inactive" not in str(e).lower():
-            raise Skipped(f"block-export-add {node}: {e}") from None
-        # the paused incoming guest's images stay inactive until it runs (QEMU 10):
-        # reading them is what allow-inactive is for
-        try:
-            qmp.command(dom, "block-export-add", **args, **{"allow-inactive": True})
-        except LibvirtError as e2:
-            raise Skipped(f"block-export-add {node}: {e2}") from None
+        raise Skipped(f"block-export-add {node}: {e}") from None
 
 
 def reader_xml(domain_xml: str, targets: tuple[str, ...], name: str) -> str:
