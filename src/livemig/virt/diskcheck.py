@@ -22,7 +22,10 @@ hashes 1 MiB blocks with SHA-256, both sides at once; a difference names the fir
 differing blocks (offsets) and, from a re-read of the first one, the first differing
 byte. On the testbed each side's socket is opened inside that host's namespace, so
 its data crosses only that host's loopback; between real hosts livemig reads both
-exports over the migration network. Every export, NBD server and reader domain is
+exports over the migration network. A run with TLS (``VIR_MIGRATE_TLS``) serves the
+exports over TLS too: a ``tls-creds-x509`` object (``endpoint=server``,
+``verify-peer``) from the host's certificate directory in each QEMU, and livemig
+shows a client certificate of the same PKI. Every export, NBD server and reader domain is
 removed afterwards, whatever happens.
 """
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import random
 import socket
+import ssl
 import time
 import urllib.parse
 import uuid
@@ -38,9 +42,11 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from livemig.errors import LivemigError
+from livemig.tls import creds
 from livemig.virt import nbd, qmp
 from livemig.virt.chunks import (
     CHUNK,
@@ -55,6 +61,7 @@ from livemig.virt.volumes import Skipped
 
 METHOD = NBD_METHOD
 EXPORT_PREFIX = "livemig-check-"
+TLS_ID = "livemig-nbd-tls"
 PORTS = (49400, 49899)  # the NBD server's port is drawn from here (tried a few times)
 PORT_TRIES = 8
 READER_MEMORY_MIB = 16  # the reader domain never runs: its RAM is never touched
@@ -64,10 +71,28 @@ GIB = 1 << 30
 
 @dataclass(frozen=True)
 class Side:
-    """One end: its libvirt URI and connection, the address its QEMU listens on."""
+    """One end: its libvirt URI and connection, the address its QEMU listens on;
+    ``tls``: the exports take x509 credentials (a run with ``VIR_MIGRATE_TLS``)."""
 
     uri: str
     conn: Any
+    tls: bool = False
+
+    @property
+    def tls_dir(self) -> Path:
+        """The host's x509 directory: what its daemon's ``migrate_tls_x509_cert_dir``
+        names on the testbed; else libvirt's default (``/etc/pki/qemu``), which holds
+        the server and client certificates of that host."""
+        side = testbed_side(self.uri)
+        if side is not None:
+            from livemig.tls import testbed as tls_testbed
+
+            return tls_testbed.host_dir(side)
+        return creds.STANDARD_DIRS[0]
+
+    def client_tls(self) -> ssl.SSLContext | None:
+        """livemig's client side: this machine's certificates of the same layout."""
+        return nbd.client_tls(self.tls_dir) if self.tls else None
 
     @property
     def address(self) -> str:
@@ -107,7 +132,19 @@ def aliases(dom: Any) -> dict[str, str]:
 def exports(dom: Any, side: Side, nodes: dict[str, str]) -> Iterator[int]:
     """An NBD server on ``side``'s address with a read-only export of each node
     (named ``livemig-check-<target>``); yields its port; all removed afterwards."""
-    port = _start_server(dom, side.address)
+    creds_id = None
+    if side.tls:
+        creds_id = TLS_ID
+        qmp.command(dom, "object-add", **{"qom-type": "tls-creds-x509", "id": TLS_ID,
+                                          "dir": str(side.tls_dir), "endpoint": "server",
+                                          "verify-peer": True})
+    try:
+        port = _start_server(dom, side.address, creds_id)
+    except BaseException:
+        if creds_id:
+            with contextlib.suppress(LivemigError):
+                qmp.command(dom, "object-del", id=creds_id)
+        raise
     added: list[str] = []
     try:
         for target, node in nodes.items():
@@ -120,15 +157,19 @@ def exports(dom: Any, side: Side, nodes: dict[str, str]) -> Iterator[int]:
                 qmp.command(dom, "block-export-del", id=name, mode="hard")
         with contextlib.suppress(LivemigError):
             qmp.command(dom, "nbd-server-stop")
+        if creds_id:
+            with contextlib.suppress(LivemigError):
+                qmp.command(dom, "object-del", id=creds_id)
 
 
-def _start_server(dom: Any, address: str) -> int:
+def _start_server(dom: Any, address: str, creds_id: str | None) -> int:
     last = ""
     for _ in range(PORT_TRIES):
         port = random.randint(*PORTS)
+        extra = {"tls-creds": creds_id} if creds_id else {}
         try:
             qmp.command(dom, "nbd-server-start", addr={
-                "type": "inet", "host": address, "port": str(port)})
+                "type": "inet", "host": address, "port": str(port)}, **extra)
             return port
         except LibvirtError as e:
             last = str(e)
@@ -249,12 +290,15 @@ def compare(src: Side, dst: Side, dst_dom: Any, domain_xml: str, domain: str,
         with exports(reader, src, src_nodes) as src_port, \
                 exports(dst_dom, dst, dst_nodes) as dst_port:
             event("disk exports", source=f"{src.address}:{src_port}",
-                  destination=f"{dst.address}:{dst_port}", reader=reader.name())
+                  destination=f"{dst.address}:{dst_port}", reader=reader.name(),
+                  tls=src.tls)
             out: dict[str, dict[str, Any]] = {}
             for i, t in enumerate(targets):
                 name = f"{EXPORT_PREFIX}{t}"
-                with nbd.opened(src.connector(src_port), name) as a, \
-                        nbd.opened(dst.connector(dst_port), name) as b:
+                with nbd.opened(src.connector(src_port), name, src.client_tls(),
+                                src.address) as a, \
+                        nbd.opened(dst.connector(dst_port), name, dst.client_tls(),
+                                   dst.address) as b:
                     if fault is not None and i == 0:
                         flip_byte(dst_dom, dst_alias[t], dst_nodes[t], b, fault)
                         event("fault injected", kind="disk-byte", offset=f"{fault:#x}",

@@ -147,6 +147,7 @@ class NbdEnds:
     domain: str
     domain_xml: str
     dst_dom: Any
+    tls: bool = False  # the exports over TLS (the run uses VIR_MIGRATE_TLS)
 
 
 def _compare_nbd(ends: DiskEnds, n: NbdEnds, disks: dict[str, str], fault: int | None,
@@ -154,8 +155,9 @@ def _compare_nbd(ends: DiskEnds, n: NbdEnds, disks: dict[str, str], fault: int |
     from livemig.virt import diskcheck
 
     try:
-        return diskcheck.compare(diskcheck.Side(ends.src_uri, ends.src_conn),
-                                 diskcheck.Side(ends.dst_uri, ends.dst_conn), n.dst_dom,
+        return diskcheck.compare(diskcheck.Side(ends.src_uri, ends.src_conn, n.tls),
+                                 diskcheck.Side(ends.dst_uri, ends.dst_conn, n.tls),
+                                 n.dst_dom,
                                  n.domain_xml, n.domain, disks, fault, event)
     except (Skipped, LivemigError) as e:
         return {t: {"result": "skipped", "method": diskcheck.METHOD, "why": str(e)}

@@ -3,7 +3,9 @@
 Only what reading a QEMU export needs (the NBD protocol, ``doc/proto.md`` of the
 NBD project): the fixed newstyle handshake, ``NBD_OPT_GO`` for one named export
 (its size comes back in ``NBD_INFO_EXPORT``), simple replies to ``NBD_CMD_READ``,
-and ``NBD_CMD_DISC`` at the end. No structured replies, no writes. An export of a
+and ``NBD_CMD_DISC`` at the end; ``NBD_OPT_STARTTLS`` first when given a TLS context
+(x509: the server's certificate checked against the address, a client certificate
+shown). No structured replies, no writes. An export of a
 QEMU block node serves the guest-visible data, so a qcow2 image reads the same as
 a raw one. The socket is made by the caller (inside a testbed host's namespace, or
 over the migration network).
@@ -13,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import struct
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from livemig.errors import LivemigError
 from livemig.virt.chunks import CHUNK, ChunkHasher, Digests
@@ -26,6 +30,7 @@ REQUEST_MAGIC = 0x25609513
 SIMPLE_REPLY_MAGIC = 0x67446698
 FLAG_FIXED_NEWSTYLE = 1
 FLAG_NO_ZEROES = 2
+OPT_STARTTLS = 5
 OPT_GO = 7
 REP_ACK = 1
 REP_INFO = 3
@@ -63,31 +68,33 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
 class NbdReader:
     """One export opened read-only: ``size`` and ``read(offset, length)``."""
 
-    def __init__(self, sock: socket.socket, export: str) -> None:
+    def __init__(self, sock: socket.socket, export: str, tls: ssl.SSLContext | None = None,
+                 hostname: str | None = None) -> None:
         self.sock = sock
         self.export = export
         self._handle = 0
-        self.size = self._handshake()
+        self.size = self._handshake(tls, hostname)
 
-    def _handshake(self) -> int:
+    def _handshake(self, tls: ssl.SSLContext | None, hostname: str | None) -> int:
         magic, opt, flags = struct.unpack(">QQH", _recv(self.sock, 18))
         if magic != NBDMAGIC or opt != IHAVEOPT:
             raise NbdError("not a newstyle NBD server")
         if not flags & FLAG_FIXED_NEWSTYLE:
             raise NbdError("the NBD server does not speak fixed newstyle")
         self.sock.sendall(struct.pack(">I", flags & (FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES)))
+        if tls is not None:
+            self.sock.sendall(struct.pack(">QII", IHAVEOPT, OPT_STARTTLS, 0))
+            self._reply()
+            try:
+                self.sock = tls.wrap_socket(self.sock, server_hostname=hostname)
+            except (ssl.SSLError, OSError) as e:
+                raise NbdError(f"TLS with the NBD server failed: {e}") from None
         name = self.export.encode()
         data = struct.pack(">I", len(name)) + name + struct.pack(">H", 0)
         self.sock.sendall(struct.pack(">QII", IHAVEOPT, OPT_GO, len(data)) + data)
         size: int | None = None
         while True:
-            magic, _opt, rep, length = struct.unpack(">QIII", _recv(self.sock, 20))
-            if magic != REPLY_MAGIC:
-                raise NbdError("bad NBD option reply")
-            payload = _recv(self.sock, length)
-            if rep & REP_ERR_BIT:
-                text = payload.decode(errors="replace") or f"error {rep:#x}"
-                raise NbdError(f"export {self.export!r}: {text}")
+            rep, payload = self._reply()
             if rep == REP_INFO and len(payload) >= 12:
                 (kind,) = struct.unpack(">H", payload[:2])
                 if kind == INFO_EXPORT:
@@ -97,6 +104,17 @@ class NbdReader:
         if size is None:
             raise NbdError(f"export {self.export!r}: the server sent no size")
         return size
+
+    def _reply(self) -> tuple[int, bytes]:
+        """One option reply: its type and payload; an error reply raises."""
+        magic, _opt, rep, length = struct.unpack(">QIII", _recv(self.sock, 20))
+        if magic != REPLY_MAGIC:
+            raise NbdError("bad NBD option reply")
+        payload = _recv(self.sock, length)
+        if rep & REP_ERR_BIT:
+            text = payload.decode(errors="replace") or f"error {rep:#x}"
+            raise NbdError(f"export {self.export!r}: {text}")
+        return rep, payload
 
     def read(self, offset: int, length: int) -> bytes:
         """``length`` bytes from ``offset`` (clipped at the end of the export)."""
@@ -137,14 +155,17 @@ class NbdReader:
 
 
 @contextlib.contextmanager
-def opened(connect: Callable[[], socket.socket], export: str) -> Iterator[NbdReader]:
-    """An export, read-only, closed afterwards; ``connect`` makes the socket."""
+def opened(connect: Callable[[], socket.socket], export: str,
+           tls: ssl.SSLContext | None = None, hostname: str | None = None
+           ) -> Iterator[NbdReader]:
+    """An export, read-only, closed afterwards; ``connect`` makes the socket; with
+    ``tls`` the server's certificate must name ``hostname``."""
     try:
         sock = connect()
     except OSError as e:
         raise NbdError(f"cannot reach the NBD export {export!r}: {e}") from None
     try:
-        r = NbdReader(sock, export)
+        r = NbdReader(sock, export, tls, hostname)
     except BaseException:
         sock.close()
         raise
@@ -152,6 +173,17 @@ def opened(connect: Callable[[], socket.socket], export: str) -> Iterator[NbdRea
         yield r
     finally:
         r.close()
+
+
+def client_tls(directory: Path) -> ssl.SSLContext:
+    """A client context from a directory in QEMU's x509 layout (``ca-cert.pem``,
+    ``client-cert.pem``, ``client-key.pem``)."""
+    try:
+        ctx = ssl.create_default_context(cafile=str(directory / "ca-cert.pem"))
+        ctx.load_cert_chain(directory / "client-cert.pem", directory / "client-key.pem")
+    except (OSError, ssl.SSLError) as e:
+        raise NbdError(f"TLS credentials in {directory}: {e}") from None
+    return ctx
 
 
 def tcp(host: str, port: int) -> Callable[[], socket.socket]:

@@ -559,7 +559,7 @@ class DomainMigration:
         exports could not be made (nothing was compared)."""
         o = self.opts
         ends = DiskEnds(o.src_uri, o.dst_uri, self.src_conn, self.dst_conn)
-        nbd_ends = NbdEnds(o.domain, self.domain_xml, dst)
+        nbd_ends = NbdEnds(o.domain, self.domain_xml, dst, o.request.tls)
         res = compare_copied_disks(ends, self.disks, self.disk_formats, self.disk_method,
                                    o.disk_fault, self.run.event, nbd_ends)
         plan = self.run.plan
