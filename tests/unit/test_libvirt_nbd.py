@@ -135,6 +135,7 @@ def test_a_shorter_destination_differs_where_it_ends(two: tuple[bytes, bytearray
 SOURCE_XML = """<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
   <name>g</name><memory unit='MiB'>256</memory>
   <os><type arch='x86_64' machine='q35'>hvm</type><kernel>/k</kernel></os>
+  <features><acpi/></features>
   <devices><emulator>/usr/bin/qemu</emulator>
     <disk type='file' device='disk'><driver name='qemu' type='qcow2'/>
       <source file='/img/a.qcow2'/><target dev='vda' bus='virtio'/></disk>
@@ -154,6 +155,7 @@ def test_the_reader_domain_only_opens_the_copied_images_read_only() -> None:
     assert d.find("./os/kernel") is None and d.find("./devices/interface") is None
     assert d.find("./os/type").get("machine") == "q35"  # type: ignore[union-attr]
     assert d.findtext("./devices/emulator") == "/usr/bin/qemu"
+    assert d.find("./features/acpi") is not None
     disks = d.findall("./devices/disk")
     assert len(disks) == 1 and disks[0].find("readonly") is not None
     assert disks[0].find("driver").get("type") == "qcow2"  # type: ignore[union-attr]

@@ -199,7 +199,8 @@ def _add_export(dom: Any, name: str, node: str) -> None:
 
 def reader_xml(domain_xml: str, targets: tuple[str, ...], name: str) -> str:
     """A domain that only opens the copied images read-only: the source domain's
-    emulator, machine type and firmware directories (``-L``), its copied disks with
+    emulator, machine type, features and firmware directories (``-L``), its copied
+    disks with
     their drivers and targets; no kernel, no NIC, started paused and never run."""
     src = ET.fromstring(domain_xml)
     qns = "http://libvirt.org/schemas/domain/qemu/1.0"
@@ -214,6 +215,9 @@ def reader_xml(domain_xml: str, targets: tuple[str, ...], name: str) -> str:
                                                            else {}).items()
                                         if k in ("arch", "machine")})
     typ.text = "hvm"
+    features = src.find("./features")
+    if features is not None:  # as the source (an emulator without -no-acpi needs <acpi/>)
+        dom.append(features)
     devices = ET.SubElement(dom, "devices")
     em = src.find("./devices/emulator")
     if em is not None:
