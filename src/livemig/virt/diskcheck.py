@@ -168,8 +168,8 @@ def _start_server(dom: Any, address: str, creds_id: str | None) -> int:
         port = random.randint(*PORTS)
         extra = {"tls-creds": creds_id} if creds_id else {}
         try:
-            qmp.command(dom, "nbd-server-start", addr={
-                "type": "inet", "host": address, "port": str(port)}, **extra)
+            qmp.command(dom, "nbd-server-start", addr={  # SocketAddressLegacy
+                "type": "inet", "data": {"host": address, "port": str(port)}}, **extra)
             return port
         except LibvirtError as e:
             last = str(e)
@@ -275,8 +275,10 @@ def flip_byte(dom: Any, alias: str, node: str, reader: nbd.NbdReader, offset: in
         qmp.command(dom, "blockdev-set-active", **{"node-name": node, "active": True})
     out = qmp.command(dom, "human-monitor-command", **{
         "command-line": f'qemu-io -d {alias} "write -P {old ^ 0xFF:#x} {offset} 1"'})
-    if out and ("error" in str(out).lower() or "failed" in str(out).lower()):
-        raise LivemigError(f"qemu-io on the destination: {str(out).strip()}")
+    # qemu-io prints to QEMU's stdout, not the reply: read the byte back to know
+    if reader.read(offset, 1)[0] != old ^ 0xFF:
+        raise LivemigError(f"--inject-fault disk-byte@{offset:#x}: qemu-io in the "
+                           f"destination's QEMU did not write it ({str(out).strip()!r})")
 
 
 def compare(src: Side, dst: Side, dst_dom: Any, domain_xml: str, domain: str,
