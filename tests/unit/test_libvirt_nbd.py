@@ -5,10 +5,12 @@ exports: equal, one byte differing (named), a refused export, a reader domain's 
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,13 +19,20 @@ from livemig.virt import diskcheck, nbd
 MIB = 1 << 20
 
 
-def _serve(sock: socket.socket, exports: dict[str, bytes], read_errno: int = 0) -> None:
-    """One client: the fixed newstyle handshake, NBD_OPT_GO, reads, disconnect."""
+def _serve(sock: socket.socket, exports: dict[str, bytes], read_errno: int = 0,
+           tls: ssl.SSLContext | None = None) -> None:
+    """One client: the fixed newstyle handshake (STARTTLS first with ``tls``),
+    NBD_OPT_GO, reads, disconnect."""
     try:
         sock.sendall(struct.pack(">QQH", nbd.NBDMAGIC, nbd.IHAVEOPT,
                                  nbd.FLAG_FIXED_NEWSTYLE | nbd.FLAG_NO_ZEROES))
         nbd._recv(sock, 4)
         magic, opt, length = struct.unpack(">QII", nbd._recv(sock, 16))
+        if tls is not None:
+            assert opt == nbd.OPT_STARTTLS and length == 0
+            sock.sendall(struct.pack(">QIII", nbd.REPLY_MAGIC, opt, nbd.REP_ACK, 0))
+            sock = tls.wrap_socket(sock, server_side=True)
+            magic, opt, length = struct.unpack(">QII", nbd._recv(sock, 16))
         data = nbd._recv(sock, length)
         assert magic == nbd.IHAVEOPT and opt == nbd.OPT_GO
         (n,) = struct.unpack(">I", data[:4])
@@ -46,16 +55,18 @@ def _serve(sock: socket.socket, exports: dict[str, bytes], read_errno: int = 0) 
             sock.sendall(struct.pack(">IIQ", nbd.SIMPLE_REPLY_MAGIC, read_errno, handle))
             if not read_errno:
                 sock.sendall(image[off:off + ln])
-    except (nbd.NbdError, OSError):
+    except (nbd.NbdError, OSError, ssl.SSLError):
         return
     finally:
         sock.close()
 
 
-def _connector(exports: dict[str, bytes], read_errno: int = 0):  # type: ignore[no-untyped-def]
+def _connector(exports: dict[str, bytes], read_errno: int = 0,  # type: ignore[no-untyped-def]
+               tls: ssl.SSLContext | None = None):
     def connect() -> socket.socket:
         a, b = socket.socketpair()
-        threading.Thread(target=_serve, args=(b, exports, read_errno), daemon=True).start()
+        threading.Thread(target=_serve, args=(b, exports, read_errno, tls),
+                         daemon=True).start()
         return a
     return connect
 
@@ -92,6 +103,33 @@ def test_not_an_nbd_server_is_refused() -> None:
     with pytest.raises(nbd.NbdError, match="not a newstyle NBD server"), \
             nbd.opened(connect, "x"):
         pass
+
+
+def _server_tls(d: Path) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(d / "server-cert.pem", d / "server-key.pem")
+    ctx.load_verify_locations(d / "ca-cert.pem")
+    ctx.verify_mode = ssl.CERT_REQUIRED  # QEMU's verify-peer=true
+    return ctx
+
+
+def test_tls_export_needs_the_same_pki(image: bytes, tmp_path: Path) -> None:
+    """STARTTLS before NBD_OPT_GO; the server's certificate is checked against the
+    address, the client shows its own; another PKI's client is refused."""
+    from livemig.tls import pki
+
+    host = pki.HostSpec("h", (), ("127.0.0.1",))
+    (d,) = pki.init(tmp_path / "a", [host])
+    (other,) = pki.init(tmp_path / "b", [host])
+    with nbd.opened(_connector({"x": image}, tls=_server_tls(d)), "x",
+                    nbd.client_tls(d), "127.0.0.1") as r:
+        assert r.read(MIB, 8) == image[MIB:MIB + 8]
+    with pytest.raises(nbd.NbdError, match="TLS with the NBD server failed"), \
+            nbd.opened(_connector({"x": image}, tls=_server_tls(d)), "x",
+                       nbd.client_tls(other), "127.0.0.1"):
+        pass
+    with pytest.raises(nbd.NbdError, match="TLS credentials in"):
+        nbd.client_tls(tmp_path)
 
 
 @pytest.fixture
