@@ -434,7 +434,8 @@ def test_corrupted_destination_disk_is_named_and_held_paused(
         proc = subprocess.run(livemig_cmd(
             "migrate", "--domain", name, "--connect", libvirtd.uri("src"),
             "--to", libvirtd.uri("dst"), "--storage", "copy", "--report", str(report),
-            "--set", "disk-check=file", "--inject-fault", f"disk-byte@{offset:#x}", "--max-time", "180"),
+            "--set", "disk-check=file", "--inject-fault", f"disk-byte@{offset:#x}",
+            "--max-time", "180"),
             capture_output=True, text=True, timeout=240,
             env={**os.environ, "LIVEMIG_ALLOW_FAULT_INJECTION": "1"})
         rep = json.loads(report.read_text())
