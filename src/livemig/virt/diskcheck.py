@@ -113,13 +113,18 @@ class Side:
 
 def node_of(dom: Any, alias: str) -> str:
     """The block node behind the device ``alias`` (libvirt's qdev id)."""
+    return _block_of(dom, alias)[0]
+
+
+def _block_of(dom: Any, alias: str) -> tuple[str, str]:
+    """The device's block node and its QOM path (what ``qemu-io -d`` names)."""
     for b in qmp.command(dom, "query-block") or []:
         qdev = str(b.get("qdev", ""))
         if qdev in (alias, f"/machine/peripheral/{alias}") or \
                 f"/machine/peripheral/{alias}/" in qdev:
             node = (b.get("inserted") or {}).get("node-name")
             if node:
-                return str(node)
+                return str(node), qdev
     raise Skipped(f"device {alias}: no block node in query-block")
 
 
@@ -273,8 +278,11 @@ def flip_byte(dom: Any, alias: str, node: str, reader: nbd.NbdReader, offset: in
     old = reader.read(offset, 1)[0]
     with contextlib.suppress(LivemigError):  # absent before QEMU 10: nodes are active
         qmp.command(dom, "blockdev-set-active", **{"node-name": node, "active": True})
+    # the device's own backend (its QOM path: a virtio disk's is .../virtio-backend);
+    # a second writer on the node would need the device to share write permission
+    _node, qdev = _block_of(dom, alias)
     out = qmp.command(dom, "human-monitor-command", **{
-        "command-line": f'qemu-io -d {alias} "write -P {old ^ 0xFF:#x} {offset} 1"'})
+        "command-line": f'qemu-io -d {qdev} "write -P {old ^ 0xFF:#x} {offset} 1"'})
     # qemu-io prints to QEMU's stdout, not the reply: read the byte back to know
     if reader.read(offset, 1)[0] != old ^ 0xFF:
         raise LivemigError(f"--inject-fault disk-byte@{offset:#x}: qemu-io in the "
