@@ -72,6 +72,7 @@ class LibvirtFacts:
     disk_transferred_bytes: int
     destination: dict[str, Any]  # running, persistent, gone_from_source
     settings: dict[str, Any]  # domain, connect, to, storage, libvirt_plan, wanted, ...
+    absent: dict[str, str] = field(default_factory=dict)  # report key -> why it is None
 
 
 Facts = LabFacts | AttachFacts | LibvirtFacts
@@ -165,6 +166,7 @@ def build_report(rec: MigrationRecord, lab: Facts | None = None) -> dict[str, An
             # libvirt's own figures (memory_processed, disk_processed, time_elapsed,
             # ...): what libvirt reports held here before the record was shared
             "qemu_final_stats": lv.job_stats,
+            "absent": dict(lv.absent),
         })
     return report
 

@@ -75,6 +75,8 @@ def test_a_completed_run_is_a_migration_record_with_libvirt_facts() -> None:
     assert t["transferred"] == 100 << 20 and t["disk_transferred"] == 60 << 20
     assert t["status"] == "active" and t["remaining_disk"] == 0
     assert rep["workload"]["spec"] is None
+    assert rep["guest_pause_ms"] is None and "no livemig agent" in rep["absent"]["guest_pause_ms"]
+    assert "downtime_ms" not in rep["absent"] and "verify_hold_ms" not in rep["absent"]
     text = summary(rep)
     assert "consistency      RAM ok (in-stream digest" in text
     assert "held 1500 ms for the disk check" in text
@@ -88,6 +90,7 @@ def test_a_failed_run_keeps_no_downtime_and_says_why() -> None:
     rep = record.report(r)
     assert rep["outcome"] == "failed" and rep["downtime_ms"] is None
     assert rep["verify_hold_ms"] is None  # never held: libvirt resumed nothing
+    assert rep["absent"]["downtime_ms"] == "the migration did not complete"
     assert rep["ram_transferred_bytes"] == 100 << 20  # the last poll's
     assert rep["consistency"]["ram"] == "mismatch"
     assert rep["consistency"]["disk"] == "skipped"
@@ -109,3 +112,4 @@ def test_a_disk_mismatch_is_named_in_the_summary() -> None:
     assert rep["consistency"]["disk"] == "mismatch"
     assert "at byte 0x304567" in summary(rep)
     assert rep["verify_hold_ms"] is None  # not resumed: held paused for good
+    assert rep["absent"]["verify_hold_ms"] == "held paused for good: the disks differ"

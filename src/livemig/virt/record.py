@@ -43,6 +43,20 @@ def final_stats(job: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+NO_AGENT = "no livemig agent or probe in a libvirt domain"
+ABSENT = {
+    "guest_pause_ms": NO_AGENT, "guest_pause_raw_ms": NO_AGENT,
+    "network_pause_ms": NO_AGENT, "probes_lost": NO_AGENT,
+    "disk_dirty_amplification": "libvirt's NBD mirror does not report the bytes the "
+                                "guest wrote beside the copy",
+    "cpu_seconds.source_migration_threads": "the source QEMU's threads may be on "
+                                            "another host: only the whole process's "
+                                            "CPU time (virDomainGetInfo)",
+    "pinning": "libvirt 9.0 refuses pinEmulator/pinVcpu beside a migration job",
+    "qemu_trace": "the domain's QEMU is not started by livemig",
+}
+
+
 def freeze(r: DomainRun) -> tuple[MigrationRecord, LibvirtFacts]:
     """The run's record (written once, at the end) and what only libvirt knows."""
     o = r.opts
@@ -79,8 +93,21 @@ def freeze(r: DomainRun) -> tuple[MigrationRecord, LibvirtFacts]:
                   "domain": o.domain, "connect": o.src_uri, "to": o.dst_uri,
                   "storage": o.request.storage, "bandwidth": o.request.bandwidth,
                   "max_time": o.max_time, "verify": o.request.verify,
-                  "unsafe": o.request.unsafe})
+                  "unsafe": o.request.unsafe},
+        absent=_absent(r))
     return rec, facts
+
+
+def _absent(r: DomainRun) -> dict[str, str]:
+    """Why each figure a libvirt run cannot know is None."""
+    out = dict(ABSENT)
+    if r.result.outcome != "completed":
+        out["downtime_ms"] = "the migration did not complete"
+    if r.t_cont is None:
+        out["verify_hold_ms"] = ("the destination was not held for a disk comparison"
+                                 if not r.disk_check or r.disk_check.get("result") != "mismatch"
+                                 else "held paused for good: the disks differ")
+    return out
 
 
 def report(r: DomainRun) -> dict[str, Any]:
