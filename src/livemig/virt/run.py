@@ -551,7 +551,8 @@ class DomainMigration:
                                 "persistent": bool(dst.isPersistent())}
         still = find(self.src_conn, o.domain)
         self.run.destination["gone_from_source"] = still is None
-        self.progress.step(f"{o.domain} runs on {o.dst_uri}")
+        self.progress.step(f"{o.domain} runs on {o.dst_uri}" if self.run.destination["running"]
+                           else f"{o.domain} is on {o.dst_uri}, paused")
 
     def _compare_disks(self, dst: Any) -> dict[str, Any]:
         """The copied disks compared while the destination is held paused; ``auto``
