@@ -3,7 +3,9 @@
 The report only reads: the engine's immutable :class:`MigrationRecord`, plus, for a
 lab run, the lab's :class:`LabFacts` (what only the lab can measure: the guest
 agent's workload and heartbeats, the client's probes, the disk copy). An attach run
-has the same keys, with the lab-only figures absent (``None``/empty).
+has the same keys, with the lab-only figures absent (``None``/empty). A libvirt run
+(``--domain``) adds its :class:`LibvirtFacts` (what only libvirt knows: its flags and
+parameters, its job statistics, the daemons, the copied disks' comparison).
 
 Stable keys (other tools rely on them; add more freely, never rename):
 outcome, total_time_s, downtime_ms, guest_pause_ms, ram_transferred_bytes,
@@ -55,14 +57,34 @@ class AttachFacts:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
-def build_report(rec: MigrationRecord, lab: LabFacts | AttachFacts | None = None
-                 ) -> dict[str, Any]:
+@dataclass(frozen=True)
+class LibvirtFacts:
+    """A libvirt run (``--domain``): what only libvirt knows. The RAM verdict is here,
+    not in the record's :class:`RamVerdict`: under libvirt RAM is verified inside the
+    stream by QEMU (``x-ram-digest-check``), whose figures (blocks, per-side seconds,
+    QEMU's message on a mismatch) have no counterpart in the engine's comparison."""
+
+    libvirt: dict[str, Any]  # library/daemon versions, hosts, emulator
+    job_stats: dict[str, Any]  # libvirt's completed-job statistics (the destination's)
+    ram_check: dict[str, Any]  # consistency.ram_detail
+    disk_check: dict[str, Any]  # consistency.disk_detail (--storage copy)
+    disk_transferred_bytes: int
+    destination: dict[str, Any]  # running, persistent, gone_from_source
+    settings: dict[str, Any]  # domain, connect, to, storage, libvirt_plan, wanted, ...
+    absent: dict[str, str] = field(default_factory=dict)  # report key -> why it is None
+
+
+Facts = LabFacts | AttachFacts | LibvirtFacts
+
+
+def build_report(rec: MigrationRecord, lab: Facts | None = None) -> dict[str, Any]:
     stats = rec.final_stats
     ram = stats.get("ram", {})
     total = rec.total_ms
     plan = rec.plan
     is_lab = isinstance(lab, LabFacts)
-    ram_check = rec.ram_dict()
+    lv = lab if isinstance(lab, LibvirtFacts) else None
+    ram_check = dict(lv.ram_check) if lv is not None else rec.ram_dict()
     pause: dict[str, float | None] = {
         "guest_pause_ms": None, "guest_pause_raw_ms": None,
         "verify_hold_ms": rec.verify_hold_ms}
@@ -73,8 +95,14 @@ def build_report(rec: MigrationRecord, lab: LabFacts | AttachFacts | None = None
     disk_check: dict[str, Any] = {"result": "skipped", "why": "disk not copied by livemig"}
     if isinstance(lab, LabFacts):
         disk, disk_check = dict(lab.disk), dict(lab.disk_check)
+    elif lv is not None:
+        disk = {"disk_transferred_bytes": lv.disk_transferred_bytes,
+                "disk_dirty_amplification": None}  # libvirt's NBD mirror does not say
+        disk_check = dict(lv.disk_check)
     workload: dict[str, Any] = (dict(lab.workload) if isinstance(lab, LabFacts) else
                                 {"spec": None, "why": "no livemig agent in the guest"})
+    if lv is not None:
+        workload["note"] = "no livemig agent in the domain: workload figures absent"
     settings: dict[str, Any] = {
         "profile": plan.profile if plan else None,
         **(rec.settings or {"capabilities": {}, "parameters": {}, "livemig": {}}),
@@ -88,7 +116,8 @@ def build_report(rec: MigrationRecord, lab: LabFacts | AttachFacts | None = None
         "livemig_version": __version__,
         "run_id": rec.run_id,
         # a lab-booted guest migrated through the attach path (bench --via attach)
-        "mode": ("attach" if not is_lab or settings.get("via") == "attach" else "lab"),
+        "mode": ("libvirt" if lv is not None else
+                 "attach" if not is_lab or settings.get("via") == "attach" else "lab"),
         "started_at": datetime.datetime.fromtimestamp(rec.t0, datetime.UTC).isoformat(),
         "outcome": rec.outcome,
         "reason": rec.reason,
@@ -128,6 +157,16 @@ def build_report(rec: MigrationRecord, lab: LabFacts | AttachFacts | None = None
         "events": list(rec.events),
         "settings": settings,
     }
+    if lv is not None:
+        report.update({
+            "engine": "libvirt",  # the key libvirt reports had before "mode"
+            "libvirt": lv.libvirt,
+            "destination": lv.destination,
+            # libvirt's own figures (memory_processed, disk_processed, time_elapsed,
+            # ...): what libvirt reports held here before the record was shared
+            "qemu_final_stats": lv.job_stats,
+            "absent": dict(lv.absent),
+        })
     return report
 
 
@@ -177,7 +216,9 @@ def summary(r: dict[str, Any]) -> str:
         f"total time       {_f(r['total_time_s'], 's')}",
         f"downtime (QEMU)  {_f(r['downtime_ms'], ' ms')}",
         f"guest pause      {_f(r['guest_pause_ms'], ' ms')}"
-        + (f"  (held {r['verify_hold_ms']:.0f} ms for the RAM check, subtracted)"
+        + (f"  (held {r['verify_hold_ms']:.0f} ms for the "
+           + ("disk check, after QEMU's downtime)" if r.get("mode") == "libvirt" else
+              "RAM check, subtracted)")
            if r.get("verify_hold_ms") else ""),
         f"RAM sent         {fmt_bytes(r['ram_transferred_bytes'])}"
         + (f" in {r['rounds']} rounds" if r["rounds"] is not None else ""),
@@ -185,15 +226,8 @@ def summary(r: dict[str, Any]) -> str:
         f"{_f(r['cpu_seconds']['destination'], '')}, migration threads "
         f"{_f(r['cpu_seconds']['source_migration_threads'], '')}",
         _workload_line(wl),
-        f"consistency      RAM {cons['ram']}"
-        + (f" ({cons['ram_detail']['method']})" if cons["ram_detail"].get("method") else "")
-        + (f" at {', '.join(cons['ram_detail']['first_mismatches'])}"
-           if cons["ram"] == "mismatch" else "")
-        + (f" ({cons['ram_detail']['why']})"
-           if cons["ram"] == "skipped" and cons["ram_detail"].get("why") else "")
-        + f", disk {cons['disk']}"
-        + (f" at {', '.join(cons['disk_detail']['first_mismatches'])}"
-           if cons["disk"] == "mismatch" else "")
+        f"consistency      RAM {cons['ram']}{_ram_note(cons['ram'], cons['ram_detail'])}"
+        + f", disk {cons['disk']}{_disk_note(cons['disk'], cons['disk_detail'])}"
         + f", guest checker {cons['guest']}",
     ]
     if r.get("network", {}).get("probes_sent"):
@@ -211,6 +245,44 @@ def summary(r: dict[str, Any]) -> str:
                      + (f", workload {fmt_rate(sa.get('workload_rate'))}"
                         if "workload_rate" in sa else ""))
     return "\n".join(lines)
+
+
+def _ram_note(result: str, d: dict[str, Any]) -> str:
+    if result == "ok" and "source_s" in d:  # QEMU's in-stream check (libvirt runs)
+        return (f" ({d['method']}: {fmt_bytes(d['bytes'])}, source "
+                f"{d['source_s']:.3f} s, destination {d['destination_s']:.3f} s)")
+    note = f" ({d['method']})" if d.get("method") else ""
+    if result == "mismatch":
+        if d.get("first_mismatches"):
+            note += f" at {', '.join(d['first_mismatches'])}"
+        elif d.get("detail"):
+            note += f": {d['detail']}"
+    if result == "skipped" and d.get("why"):
+        note += f" ({d['why']})"
+    return note
+
+
+def _disk_note(result: str, d: dict[str, Any]) -> str:
+    """Where the disks differ: the lab's blocks, or per copied disk of a libvirt run
+    (where each differs, why it was skipped, or what its comparison cost)."""
+    if "disks" not in d:
+        return (f" at {', '.join(d['first_mismatches'])}"
+                if result == "mismatch" and d.get("first_mismatches") else "")
+    notes = []
+    for t, x in d["disks"].items():
+        if x.get("result") == "mismatch" and "first_differing_byte" in x:
+            rng = x.get("first_differing_chunk", {}).get("range")
+            notes.append(f"{t}: {x['mismatched_chunks']} chunk(s) differ, first "
+                         + (f"[{rng[0]}, {rng[1]}) " if rng else "")
+                         + f"at byte {x['first_differing_byte']}")
+        elif x.get("result") == "mismatch":
+            notes.append(f"{t} at {', '.join(x.get('first_mismatches', []))}")
+        elif x.get("result") == "skipped":
+            notes.append(f"{t}: {x.get('why')}")
+        elif x.get("result") == "ok" and "cost_s_per_gib" in x:
+            notes.append(f"{t}: {fmt_bytes(x['bytes'])}, source {x['source_s']:.2f} s, "
+                         f"destination {x['destination_s']:.2f} s")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _f(v: float | None, unit: str) -> str:

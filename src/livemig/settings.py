@@ -159,11 +159,13 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
     "ram-check": LivemigSetting("auto", _choice("auto", "file", "digest"),
                                 "how guest RAM is verified: auto (RAM files when both ends "
                                 "have one, else QEMU's RAM digest), file, digest"),
-    "disk-check": LivemigSetting("auto", _choice("auto", "file", "stream"),
+    "disk-check": LivemigSetting("auto", _choice("auto", "nbd", "file", "stream"),
                                  "how a libvirt run verifies copied disks (--storage "
-                                 "copy): auto (the image files when this machine sees "
-                                 "both, as on the testbed, else libvirt's volume "
-                                 "streams), file, stream"),
+                                 "copy): nbd (read-only NBD exports of a QEMU on each "
+                                 "host: guest-visible data, any format), file (both "
+                                 "image files on this machine, the testbed), stream "
+                                 "(libvirt's volume streams, raw), auto (nbd, falling "
+                                 "back to file or stream when it cannot run)"),
     "switchover-drain": LivemigSetting(
         "off", _choice("auto", "on", "off"),
         "before the switchover, wait until the destination has loaded what was sent "

@@ -424,6 +424,8 @@ def test_patched_knobs_through_passthrough(daemons: dict[str, str], tmp_path: Pa
 
 def test_corrupted_destination_disk_is_named_and_held_paused(
         daemons: dict[str, str], tmp_path: Path) -> None:
+    """The testbed's file comparison (disk-check=file: every differing 4 KiB block);
+    the NBD comparison's own negative test is in test_libvirt_diskcheck.py."""
     offset = 0x234567
     name = _unique("lmbad")
     _define(name, "copy")
@@ -432,7 +434,8 @@ def test_corrupted_destination_disk_is_named_and_held_paused(
         proc = subprocess.run(livemig_cmd(
             "migrate", "--domain", name, "--connect", libvirtd.uri("src"),
             "--to", libvirtd.uri("dst"), "--storage", "copy", "--report", str(report),
-            "--inject-fault", f"disk-byte@{offset:#x}", "--max-time", "180"),
+            "--set", "disk-check=file", "--inject-fault", f"disk-byte@{offset:#x}",
+            "--max-time", "180"),
             capture_output=True, text=True, timeout=240,
             env={**os.environ, "LIVEMIG_ALLOW_FAULT_INJECTION": "1"})
         rep = json.loads(report.read_text())

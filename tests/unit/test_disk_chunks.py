@@ -17,7 +17,7 @@ from livemig.virt.chunks import (
     first_differing_byte,
 )
 from livemig.virt.facts import disk_formats
-from livemig.virt.plan import disk_check_method
+from livemig.virt.plan import disk_check_fallback, disk_check_method
 
 K = 1024
 
@@ -125,8 +125,11 @@ def test_bad_input() -> None:
 
 
 def test_disk_check_method() -> None:
-    assert disk_check_method("auto", True) == "file"
-    assert disk_check_method("auto", False) == "stream"
+    assert disk_check_method("auto", True) == "nbd"
+    assert disk_check_method("auto", False) == "nbd"
+    assert disk_check_method("nbd", False) == "nbd"
+    assert disk_check_fallback(True) == "file"
+    assert disk_check_fallback(False) == "stream"
     assert disk_check_method("stream", True) == "stream"
     assert disk_check_method("file", True) == "file"
     with pytest.raises(UsageError, match="disk-check=file needs"):

@@ -184,7 +184,10 @@ def test_fault_beyond_the_image_is_one_line() -> None:
 
 
 def test_the_summary_line_says_where_and_why() -> None:
-    from livemig.virt.record import _disk_note
+    from livemig.report import _disk_note as report_note
+
+    def _disk_note(d: dict[str, object]) -> str:
+        return report_note(str(d["result"]), d)
 
     a = _image()
     b = bytearray(a)

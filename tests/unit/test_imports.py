@@ -4,6 +4,7 @@ engine imports none of its callers, the policies only policy, errors and units."
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,7 +45,9 @@ def _tree_with(tmp_path: Path, module: str, line: str) -> Path:
     ("engine/monitor.py", "from livemig.lab import storage  # noqa", "engine"),
     ("engine/events.py", "import livemig.virt.plan  # noqa", "engine"),
     # indirect: the engine reaches the lab through a module it may import
-    ("settings.py", "from livemig.lab import storage  # noqa", "engine"),
+    # (the report builder reads the engine's record, so it breaks too)
+    ("settings.py", "from livemig.lab import storage  # noqa", "engine|report builder"),
+    ("report.py", "import livemig.virt.record  # noqa", "report builder"),
     ("policy/base.py", "from livemig import settings  # noqa", "policies"),
     ("units.py", "from livemig import paths  # noqa", "errors and units"),
 ])
@@ -54,4 +57,4 @@ def test_a_violation_breaks_a_contract(tmp_path: Path, module: str, line: str,
     r = _lint(src, ROOT / "pyproject.toml")
     assert r.returncode != 0
     broken = [ln for ln in r.stdout.splitlines() if " BROKEN" in ln]
-    assert broken and all(contract in ln for ln in broken), r.stdout
+    assert broken and all(re.search(contract, ln) for ln in broken), r.stdout

@@ -221,8 +221,9 @@ def test_disk_check_is_planned_and_checked() -> None:
     assert p.disk_check == "stream" and p.as_dict()["disk_check"] == "stream"
     assert p.flags & P.PAUSED  # the images are compared before the destination runs
     assert plan_for("defaults", **copy).disk_check == "auto"
-    with pytest.raises(UsageError, match=r"bad --set disk-check=nbd: .*auto.*file.*stream"):
-        plan_for("defaults", {"disk-check": "nbd"}, **copy)
+    assert plan_for("defaults", {"disk-check": "nbd"}, **copy).disk_check == "nbd"
+    with pytest.raises(UsageError, match=r"bad --set disk-check=ndb: .*auto.*nbd.*file"):
+        plan_for("defaults", {"disk-check": "ndb"}, **copy)
 
 
 # -- the whole profile under libvirt: drain, IO QoS, and what cannot apply --------------

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from livemig.errors import FaultInjectionRefused, UsageError
 from livemig.progress import Progress
+from livemig.report import summary
 from livemig.settings import merge, parse_sets
 from livemig.tls.creds import enabled, libvirt_one_host
 from livemig.units import parse_size
@@ -79,7 +80,7 @@ def _fault(items: list[str], storage: str) -> tuple[str | None, int | None]:
 def cmd_migrate_domain(a: argparse.Namespace, defaults: dict[str, Any]) -> int:
     opts = options(a, defaults)
     run = run_domain_migration(opts, Progress(enabled=not a.quiet))
-    rep = record.build(run)
+    rep = record.report(run)
     from livemig.cli import finish_run  # the CLI imports this module lazily
 
-    return finish_run(rep, a.report, record.summary(rep))
+    return finish_run(rep, a.report, summary(rep))

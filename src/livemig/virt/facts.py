@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from livemig.errors import LivemigError
 from livemig.lab.diskcheck import compare_images
 from livemig.lab.faults import flip_byte
 from livemig.virt import volumes
@@ -79,6 +80,9 @@ def same_file_on_both(src_uri: str, dst_uri: str, paths: list[str]) -> str | Non
 
 
 FILE_METHOD = "image files on this machine (testbed), byte for byte"
+NBD_METHOD = ("read-only NBD exports of each end's QEMU block node (guest-visible data, "
+              "SHA-256 per 1 MiB)")
+METHODS = {"file": FILE_METHOD, "stream": volumes.METHOD, "nbd": NBD_METHOD}
 
 
 def on_one_machine(src_uri: str, dst_uri: str) -> bool:
@@ -110,12 +114,59 @@ class DiskEnds:
 
 def compare_copied_disks(ends: DiskEnds, disks: dict[str, str], formats: dict[str, str],
                          method: str, fault: int | None,
-                         event: Callable[..., None]) -> dict[str, Any]:
-    """Compare each copied disk's two images (the destination is held paused):
-    ``method`` ``stream`` reads both through libvirt's storage API (any hosts),
-    ``file`` opens both files (the testbed). ``fault``: debug, flip that byte of the
-    first destination image first. One disk's mismatch makes the whole a mismatch;
+                         event: Callable[..., None],
+                         nbd_ends: NbdEnds | None = None) -> dict[str, Any]:
+    """Compare each copied disk's two copies (the destination is held paused):
+    ``method`` ``nbd`` reads both through read-only NBD exports of a QEMU on each
+    host (guest-visible data: any format; ``nbd_ends`` says which), ``stream`` reads
+    both images through libvirt's storage API (any hosts, raw only), ``file`` opens
+    both files (the testbed, raw only). ``fault``: debug, flip that byte of the
+    first destination disk first. One disk's mismatch makes the whole a mismatch;
     else one that could not be compared makes it ``skipped``."""
+    if method == "nbd":
+        assert nbd_ends is not None
+        details = _compare_nbd(ends, nbd_ends, disks, fault, event)
+    else:
+        details = _compare_images(ends, disks, formats, method, fault, event)
+    results = {d["result"] for d in details.values()}
+    result = ("mismatch" if "mismatch" in results else
+              "skipped" if "skipped" in results or not results else "ok")
+    event("disks compared", result=result, method=method)
+    out: dict[str, Any] = {"result": result, "method": METHODS[method], "disks": details}
+    if result == "skipped":
+        out["why"] = "; ".join(f"{t}: {d['why']}" for t, d in details.items()
+                               if d["result"] == "skipped") or "no disk"
+    return out
+
+
+@dataclass(frozen=True)
+class NbdEnds:
+    """What the NBD comparison needs besides the daemons: the held-paused
+    destination domain and the source domain's XML (for the reader QEMU)."""
+
+    domain: str
+    domain_xml: str
+    dst_dom: Any
+    tls: bool = False  # the exports over TLS (the run uses VIR_MIGRATE_TLS)
+
+
+def _compare_nbd(ends: DiskEnds, n: NbdEnds, disks: dict[str, str], fault: int | None,
+                 event: Callable[..., None]) -> dict[str, dict[str, Any]]:
+    from livemig.virt import diskcheck
+
+    try:
+        return diskcheck.compare(diskcheck.Side(ends.src_uri, ends.src_conn, n.tls),
+                                 diskcheck.Side(ends.dst_uri, ends.dst_conn, n.tls),
+                                 n.dst_dom,
+                                 n.domain_xml, n.domain, disks, fault, event)
+    except (Skipped, LivemigError) as e:
+        return {t: {"result": "skipped", "method": diskcheck.METHOD, "why": str(e)}
+                for t in disks}
+
+
+def _compare_images(ends: DiskEnds, disks: dict[str, str], formats: dict[str, str],
+                    method: str, fault: int | None,
+                    event: Callable[..., None]) -> dict[str, dict[str, Any]]:
     one = _compare_stream if method == "stream" else _compare_files
     details: dict[str, dict[str, Any]] = {}
     for i, (target, path) in enumerate(disks.items()):
@@ -123,22 +174,14 @@ def compare_copied_disks(ends: DiskEnds, disks: dict[str, str], formats: dict[st
         if fmt != "raw":
             details[target] = {"result": "skipped", "why": (
                 f"{fmt} image: its file is a container whose bytes differ between two "
-                "correct copies; only raw images are compared")}
+                "correct copies; only raw images are compared this way (disk-check=nbd "
+                "compares guest-visible data)")}
             continue
         try:
             details[target] = one(ends, path, fault if i == 0 else None, event)
         except Skipped as e:
             details[target] = {"result": "skipped", "why": str(e)}
-    results = {d["result"] for d in details.values()}
-    result = ("mismatch" if "mismatch" in results else
-              "skipped" if "skipped" in results or not results else "ok")
-    event("disks compared", result=result, method=method)
-    out: dict[str, Any] = {"result": result, "method": (volumes.METHOD if method == "stream"
-                                                        else FILE_METHOD), "disks": details}
-    if result == "skipped":
-        out["why"] = "; ".join(f"{t}: {d['why']}" for t, d in details.items()
-                               if d["result"] == "skipped") or "no disk"
-    return out
+    return details
 
 
 def _compare_stream(ends: DiskEnds, path: str, fault: int | None,

@@ -200,7 +200,7 @@ class Plan:
     notes: tuple[str, ...] = field(default_factory=tuple)
     ram_check: bool = False  # the source sends RAM digests; the destination compares
     ram_check_why: str = ""  # why not, when it is off
-    disk_check: str = "auto"  # auto | file | stream (copied disks, --storage copy)
+    disk_check: str = "auto"  # auto | nbd | file | stream (copied disks, --storage copy)
     io_qos: bool = False  # cap guest writes to the copied disks while the copy lags
     drain: bool = False  # x-switchover-drain (and return-path) set on the source
 
@@ -396,15 +396,22 @@ def _drain(mode: str, qemu: QemuInfo, notes: list[str]) -> bool:
 
 
 def disk_check_method(wanted: str, one_machine: bool) -> str:
-    """``file`` or ``stream``: how copied disks are compared. ``auto`` opens the image
-    files when this machine sees both hosts' (the testbed), else streams them
-    through libvirt."""
+    """``nbd``, ``file`` or ``stream``: how copied disks are compared. ``auto`` is
+    ``nbd`` (see :func:`disk_check_fallback` for when it cannot run)."""
     if wanted == "auto":
-        return "file" if one_machine else "stream"
+        return "nbd"
     if wanted == "file" and not one_machine:
         raise UsageError("--set disk-check=file needs both hosts' images on this machine "
-                         "(the testbed); between hosts use disk-check=stream (or auto)")
+                         "(the testbed); between hosts use disk-check=nbd or stream (or "
+                         "auto)")
     return wanted
+
+
+def disk_check_fallback(one_machine: bool) -> str:
+    """What ``auto`` compares with when the NBD exports could not be made: the image
+    files when this machine sees both hosts' (the testbed), else libvirt's volume
+    streams (raw images only)."""
+    return "file" if one_machine else "stream"
 
 
 def _ram_check(qemu: QemuInfo, req: Request, flags: int,

@@ -1,122 +1,117 @@
-"""The report of a libvirt run: the same top-level keys as a lab run (see README
-"The report"), with what libvirt cannot know set to None and said why."""
+"""A libvirt run as the engine's immutable :class:`MigrationRecord` plus
+:class:`LibvirtFacts`; the report comes from :func:`livemig.report.build_report`,
+as for lab and attach runs (one record, one report builder).
+
+What maps where:
+
+- timestamps: ``t_migrate`` when ``virDomainMigrateToURI3`` was called, ``t_end`` when
+  it returned; with a held-paused destination (``VIR_MIGRATE_PAUSED``, copied disks
+  compared) ``t_dst_done`` = ``t_end`` and ``t_cont`` when livemig resumed it, so
+  ``verify_hold_ms`` is the comparison's hold. ``t_ram`` is None: libvirt's RAM
+  phase start is not visible from outside (its ``time_elapsed`` covers it);
+- ``final_stats``: libvirt's completed-job statistics in QEMU's ``query-migrate``
+  shape (``setup-time``, ``downtime``, ``ram.transferred/total/dirty-sync-count``),
+  falling back to the last poll; no ``total-time``, so ``total_time_s`` is the wall
+  clock of the libvirt call (its prepare, the disk copy and RAM), as before;
+  libvirt's own statistics stay in ``qemu_final_stats`` (``LibvirtFacts.job_stats``);
+- the pause breakdown: ``downtime_ms`` is QEMU's (through libvirt);
+  ``guest_pause_ms`` is None (no livemig agent in a domain);
+- the RAM verdict is QEMU's in-stream check, kept in ``LibvirtFacts.ram_check``
+  (see there), the copied disks' comparison in ``LibvirtFacts.disk_check``.
+"""
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
-from livemig import __version__
-from livemig.units import fmt_bytes
+from livemig.engine.record import MigrationRecord
+from livemig.report import LibvirtFacts, build_report
 from livemig.virt.run import DomainRun
 
 
-def build(r: DomainRun) -> dict[str, Any]:
+def final_stats(job: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+    """libvirt's completed-job statistics (``memory_processed``, ...) in the shape of
+    QEMU's ``query-migrate``; the last poll where libvirt gave none (a failure)."""
+    out: dict[str, Any] = {}
+    if job.get("setup_time") is not None:
+        out["setup-time"] = job["setup_time"]
+    if job.get("downtime") is not None:
+        out["downtime"] = job["downtime"]
+    out["ram"] = {"transferred": job.get("memory_processed", last.get("transferred")),
+                  "total": job.get("memory_total"),
+                  "dirty-sync-count": job.get("memory_iteration", last.get("rounds"))}
+    return out
+
+
+NO_AGENT = "no livemig agent or probe in a libvirt domain"
+ABSENT = {
+    "guest_pause_ms": NO_AGENT, "guest_pause_raw_ms": NO_AGENT,
+    "network_pause_ms": NO_AGENT, "probes_lost": NO_AGENT,
+    "disk_dirty_amplification": "libvirt's NBD mirror does not report the bytes the "
+                                "guest wrote beside the copy",
+    "cpu_seconds.source_migration_threads": "the source QEMU's threads may be on "
+                                            "another host: only the whole process's "
+                                            "CPU time (virDomainGetInfo)",
+    "pinning": "libvirt 9.0 refuses pinEmulator/pinVcpu beside a migration job",
+    "qemu_trace": "the domain's QEMU is not started by livemig",
+}
+
+
+def freeze(r: DomainRun) -> tuple[MigrationRecord, LibvirtFacts]:
+    """The run's record (written once, at the end) and what only libvirt knows."""
     o = r.opts
-    cs = r.completed_stats
-    completed = r.result.outcome == "completed"
-    # wall clock of virDomainMigrateToURI3: libvirt's begin/prepare (the destination
-    # QEMU starting), the disk copy, RAM, finish; libvirt's own figure (RAM from the
-    # start of QEMU's migration) is qemu_final_stats.time_elapsed
-    total_ms = None
-    if r.t_migrate is not None:
-        total_ms = ((r.t_end or r.t_migrate) - r.t_migrate) * 1000.0
     last = r.timeline[-1] if r.timeline else {}
-    plan = r.plan.as_dict() if r.plan else None
-    return {
-        "livemig_version": __version__,
-        "engine": "libvirt",
-        "encoding": r.encoding,
-        "started_at": datetime.datetime.fromtimestamp(r.t0, datetime.UTC).isoformat(),
-        "outcome": r.result.outcome,
-        "reason": r.result.reason,
-        "total_time_s": None if total_ms is None else round(float(total_ms) / 1000.0, 3),
-        "setup_time_ms": cs.get("setup_time"),
-        "downtime_ms": cs.get("downtime") if completed else None,
-        "guest_pause_ms": None,  # no livemig agent or probe in a libvirt domain
-        "ram_transferred_bytes": cs.get("memory_processed", last.get("transferred")),
-        "ram_total_bytes": cs.get("memory_total"),
-        "disk_transferred_bytes": max(int(cs.get("disk_processed") or 0),
-                                      int(last.get("disk_transferred") or 0)),
-        "rounds": cs.get("memory_iteration", last.get("rounds")),
-        "cpu_seconds": {"source": r.cpu.get("source"),
-                        "destination": r.cpu.get("destination"),
-                        "source_migration_threads": None},
-        "workload": {"note": "no livemig agent in the domain: workload figures absent"},
-        "consistency": {
-            "ram": r.ram_check.get("result", "skipped"), "ram_detail": r.ram_check,
-            "disk": r.disk_check.get("result", "skipped"),
-            "disk_detail": r.disk_check or {"result": "skipped",
-                                            "why": f"storage {o.request.storage}"},
-            "guest": "skipped",
-        },
-        "source_after": r.source_after,
-        "destination": r.destination,
-        "libvirt": r.libvirt,
-        "qemu_final_stats": cs,
-        "timeline": r.timeline,
-        "events": r.events,
-        "settings": {
-            "profile": o.profile, "wanted": dict(o.wanted), "libvirt_plan": plan,
-            "domain": o.domain, "connect": o.src_uri, "to": o.dst_uri,
-            "storage": o.request.storage, "bandwidth": o.request.bandwidth,
-            "max_time": o.max_time, "verify": o.request.verify,
-            "unsafe": o.request.unsafe,
-        },
-    }
+    plan = r.plan
+    held = r.t_cont is not None
+    rec = MigrationRecord(
+        run_id=r.run_id, uri=o.dst_uri, t0=r.t0, t_migrate=r.t_migrate, t_ram=None,
+        t_end=r.t_end or r.t_migrate or r.t0,
+        t_dst_done=r.t_end if held else None, t_cont=r.t_cont,
+        outcome=r.result.outcome, reason=r.result.reason,
+        final_stats=final_stats(r.completed_stats, last),
+        settings={"capabilities": dict(plan.src_caps) if plan else {},
+                  "parameters": dict(plan.src_qmp) if plan else {},
+                  "livemig": {}},
+        timeline=tuple(r.timeline), events=tuple(r.events), ram=None,
+        verify=o.request.verify, source_after=r.source_after,
+        restored=({"source": r.source_after["restored"]}
+                  if r.source_after and "restored" in r.source_after else {}),
+        cpu=dict(r.cpu),
+        destination_status=(None if not r.destination else
+                            "running" if r.destination.get("running") else "paused"),
+        plan=r.engine_plan, encoding=r.encoding)
+    facts = LibvirtFacts(
+        libvirt=dict(r.libvirt), job_stats=dict(r.completed_stats),
+        ram_check=r.ram_check or {"result": "skipped", "why": "not checked"},
+        disk_check=r.disk_check or {"result": "skipped",
+                                    "why": f"storage {o.request.storage}"},
+        disk_transferred_bytes=max(int(r.completed_stats.get("disk_processed") or 0),
+                                   int(last.get("disk_transferred") or 0)),
+        destination=dict(r.destination),
+        settings={"profile": o.profile, "wanted": dict(o.wanted),
+                  "libvirt_plan": plan.as_dict() if plan else None,
+                  "domain": o.domain, "connect": o.src_uri, "to": o.dst_uri,
+                  "storage": o.request.storage, "bandwidth": o.request.bandwidth,
+                  "max_time": o.max_time, "verify": o.request.verify,
+                  "unsafe": o.request.unsafe},
+        absent=_absent(r))
+    return rec, facts
 
 
-def summary(rep: dict[str, Any]) -> str:
-    cons = rep["consistency"]
-    cpu = rep["cpu_seconds"]
-    lines = [
-        f"outcome          {rep['outcome']}"
-        + (f" ({rep['reason']})" if rep.get("reason") else ""),
-        f"total time       {_f(rep['total_time_s'], 's')}",
-        f"downtime (QEMU)  {_f(rep['downtime_ms'], ' ms')}",
-        f"RAM sent         {fmt_bytes(rep['ram_transferred_bytes'])}"
-        + (f" in {rep['rounds']} rounds" if rep["rounds"] is not None else ""),
-        f"CPU seconds      source {_f(cpu['source'], '')}, destination "
-        f"{_f(cpu['destination'], '')}",
-        f"consistency      RAM {cons['ram']}{_ram_note(cons['ram_detail'])}, disk "
-        f"{cons['disk']}" + _disk_note(cons["disk_detail"]),
-    ]
-    if rep.get("disk_transferred_bytes"):
-        lines.insert(4, f"disk sent        {fmt_bytes(rep['disk_transferred_bytes'])}")
-    if rep.get("source_after"):
-        lines.append(f"source after     {rep['source_after'].get('status')}")
-    return "\n".join(lines)
+def _absent(r: DomainRun) -> dict[str, str]:
+    """Why each figure a libvirt run cannot know is None."""
+    out = dict(ABSENT)
+    if r.result.outcome != "completed":
+        out["downtime_ms"] = "the migration did not complete"
+    if r.t_cont is None:
+        out["verify_hold_ms"] = ("the destination was not held for a disk comparison"
+                                 if not r.disk_check or r.disk_check.get("result") != "mismatch"
+                                 else "held paused for good: the disks differ")
+    return out
 
 
-def _disk_note(d: dict[str, Any]) -> str:
-    """Where each mismatching disk differs, or the cost of a streamed comparison."""
-    notes = []
-    for t, x in d.get("disks", {}).items():
-        if x.get("result") == "mismatch" and "first_differing_byte" in x:
-            rng = x.get("first_differing_chunk", {}).get("range")
-            notes.append(f"{t}: {x['mismatched_chunks']} chunk(s) differ, first "
-                         + (f"[{rng[0]}, {rng[1]}) " if rng else "")
-                         + f"at byte {x['first_differing_byte']}")
-        elif x.get("result") == "mismatch":
-            notes.append(f"{t} at {', '.join(x.get('first_mismatches', []))}")
-        elif x.get("result") == "skipped":
-            notes.append(f"{t}: {x.get('why')}")
-        elif x.get("result") == "ok" and "cost_s_per_gib" in x:
-            notes.append(f"{t}: {fmt_bytes(x['bytes'])}, source {x['source_s']:.2f} s, "
-                         f"destination {x['destination_s']:.2f} s")
-    return f" ({'; '.join(notes)})" if notes else ""
+def report(r: DomainRun) -> dict[str, Any]:
+    """The run's report: :func:`build_report` of its record and facts."""
+    rec, facts = freeze(r)
+    return build_report(rec, facts)
 
-
-def _ram_note(d: dict[str, Any]) -> str:
-    if d.get("result") == "ok" and "source_s" in d:
-        return (f" ({d['method']}: {fmt_bytes(d['bytes'])}, source "
-                f"{d['source_s']:.3f} s, destination {d['destination_s']:.3f} s)")
-    if d.get("result") == "mismatch":
-        return f" ({d['detail']})"
-    return ""
-
-
-def _f(v: float | None, unit: str) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.3g}{unit}" if abs(v) < 100 else f"{v:.0f}{unit}"

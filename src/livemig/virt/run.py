@@ -23,6 +23,7 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -38,6 +39,7 @@ from livemig.virt.actuator import IoDevice, LibvirtActuator, io_devices
 from livemig.virt.conn import LibvirtError, find, libvirt_module, lookup, message, open_uri
 from livemig.virt.facts import (
     DiskEnds,
+    NbdEnds,
     compare_copied_disks,
     cpu_seconds,
     disk_aliases,
@@ -57,6 +59,7 @@ from livemig.virt.plan import (
     STREAM_PARAMS,
     Plan,
     Request,
+    disk_check_fallback,
     disk_check_method,
     has_stream_globals,
     make_plan,
@@ -95,12 +98,15 @@ class Outcome:
 
 @dataclass
 class DomainRun:
-    """What one run observed; ``record.build`` turns it into the report."""
+    """What one run observed as it went; ``record.freeze`` makes it the engine's
+    immutable ``MigrationRecord`` (and ``LibvirtFacts``) once it has ended."""
 
     opts: DomainOptions
     t0: float = field(default_factory=time.time)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     t_migrate: float | None = None
-    t_end: float | None = None
+    t_end: float | None = None  # virDomainMigrateToURI3 returned
+    t_cont: float | None = None  # the held-paused destination was resumed
     result: Outcome = field(default_factory=Outcome)
     plan: Plan | None = None
     timeline: list[dict[str, Any]] = field(default_factory=list)
@@ -113,6 +119,7 @@ class DomainRun:
     destination: dict[str, Any] = field(default_factory=dict)
     libvirt: dict[str, Any] = field(default_factory=dict)
     encoding: dict[str, Any] | None = None  # the engine's choice (virt.sampling)
+    engine_plan: EnginePlan | None = None  # the engine's second plan (virt.sampling)
 
     def event(self, what: str, **data: Any) -> None:
         self.events.append({"t": round(time.time() - self.t0, 3), "event": what, **data})
@@ -129,7 +136,8 @@ class DomainMigration:
         self.dom: Any = None
         self.disks: dict[str, str] = {}  # target -> source path (copied disks)
         self.disk_formats: dict[str, str] = {}  # target -> raw, qcow2, ...
-        self.disk_method = "stream"  # file | stream: how the copied disks are compared
+        self.disk_method = "nbd"  # nbd | file | stream: how the copied disks are compared
+        self.domain_xml = ""  # the source domain's live XML (the NBD reader's template)
         self.restore_params: dict[str, Any] = {}
         self.restore_caps: dict[str, bool] = {}
         self.orig_downtime: int | None = None
@@ -162,6 +170,7 @@ class DomainMigration:
             raise UsageError(f"domain {o.domain!r} already runs on {o.dst_uri}")
         self._repair_leftovers()  # first: what is probed next is then the real state
         xml = self.dom.XMLDesc(0)
+        self.domain_xml = xml
         self.disks = writable_disks(xml)
         self.disk_formats = disk_formats(xml)
         info = qmp.probe(self.dom)
@@ -244,6 +253,7 @@ class DomainMigration:
         adapted = adapt_domain(self.dom, self.src_conn, first, events, o.request.tls)
         self.run.events.extend(events.log)
         self.run.encoding = adapted.encoding
+        self.run.engine_plan = adapted.plan
         wanted = {**adapted.plan.wanted, **virt_only}
         if adapted.encoding and adapted.encoding.get("encoding"):
             wanted["encoding"] = "off"  # chosen: the applied stream settings carry it
@@ -512,11 +522,8 @@ class DomainMigration:
         if plan.flags & PAUSED:
             self.progress.step(f"comparing the copied disks (disk-check="
                                f"{self.disk_method}); the destination is held paused")
-            ends = DiskEnds(o.src_uri, o.dst_uri, self.src_conn, self.dst_conn)
             t0 = time.monotonic()
-            self.run.disk_check = compare_copied_disks(
-                ends, self.disks, self.disk_formats, self.disk_method, o.disk_fault,
-                self.run.event)
+            self.run.disk_check = self._compare_disks(dst)
             self.progress.step(f"disks {self.run.disk_check['result']} in "
                                f"{time.monotonic() - t0:.2f} s")
             if self.run.disk_check.get("result") == "mismatch":
@@ -524,6 +531,7 @@ class DomainMigration:
                                    f"-c {o.dst_uri} resume {o.domain} runs it anyway)")
             else:
                 dst.resume()
+                self.run.t_cont = time.time()
                 self.run.event("destination resumed")
                 # the guest waited for the comparison: a verify hold after QEMU's
                 # downtime (not in downtime_ms)
@@ -543,7 +551,30 @@ class DomainMigration:
                                 "persistent": bool(dst.isPersistent())}
         still = find(self.src_conn, o.domain)
         self.run.destination["gone_from_source"] = still is None
-        self.progress.step(f"{o.domain} runs on {o.dst_uri}")
+        self.progress.step(f"{o.domain} runs on {o.dst_uri}" if self.run.destination["running"]
+                           else f"{o.domain} is on {o.dst_uri}, paused")
+
+    def _compare_disks(self, dst: Any) -> dict[str, Any]:
+        """The copied disks compared while the destination is held paused; ``auto``
+        falls back from NBD exports to the image files or volume streams when the
+        exports could not be made (nothing was compared)."""
+        o = self.opts
+        ends = DiskEnds(o.src_uri, o.dst_uri, self.src_conn, self.dst_conn)
+        nbd_ends = NbdEnds(o.domain, self.domain_xml, dst, o.request.tls)
+        res = compare_copied_disks(ends, self.disks, self.disk_formats, self.disk_method,
+                                   o.disk_fault, self.run.event, nbd_ends)
+        plan = self.run.plan
+        if (res["result"] == "skipped" and self.disk_method == "nbd" and plan is not None
+                and plan.disk_check == "auto"):
+            other = disk_check_fallback(on_one_machine(o.src_uri, o.dst_uri))
+            why = res.get("why")
+            self.run.event("disk check falls back", method=other, why=why)
+            self.progress.step(f"NBD disk check not possible ({why}); disk-check={other} "
+                               "instead")
+            res = compare_copied_disks(ends, self.disks, self.disk_formats, other,
+                                       o.disk_fault, self.run.event)
+            res["nbd_skipped"] = why
+        return res
 
     def _ram_check_result(self, dst: Any) -> dict[str, Any]:
         """The destination's figures of the in-stream check: a completed migration

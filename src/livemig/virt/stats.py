@@ -1,10 +1,12 @@
 """libvirt's job statistics (``virDomainGetJobStats``) read once per poll: a
-policy snapshot and a timeline sample with the names a lab run uses (pure)."""
+policy snapshot, and the engine's :class:`Observation` whose ``sample()`` is the
+timeline entry, as in lab and attach runs, plus the copied disk's figures (pure)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from livemig.engine.observe import Observation
 from livemig.policy.base import Snapshot
 
 
@@ -30,8 +32,10 @@ def snapshot(t: float, stats: dict[str, Any], throttle_pct: int,
     )
 
 
-def sample_of(t: float, stats: dict[str, Any], s: Snapshot) -> dict[str, Any]:
-    """One timeline entry (the same names as a lab run's, for the progress line)."""
+def observation(t: float, stats: dict[str, Any], s: Snapshot) -> Observation:
+    """The engine's observation of one poll. ``status`` is ``setup`` while libvirt
+    prepares the destination, ``disk`` while only the disks are copied, else
+    ``active``; libvirt gives no expected downtime and no page rate."""
     disk_left = s.disk_remaining or 0
     if not s.ram_total and not s.disk_total:
         status = "setup"  # libvirt is still preparing the destination
@@ -39,11 +43,19 @@ def sample_of(t: float, stats: dict[str, Any], s: Snapshot) -> dict[str, Any]:
         status = "disk"
     else:
         status = "active"
-    return {"t": round(t, 3), "status": status,
-            "rounds": s.rounds, "remaining": s.remaining, "dirty_rate": s.dirty_rate,
-            "bandwidth": s.bandwidth, "throttle_pct": s.throttle_pct,
-            "remaining_disk": disk_left,
-            "transferred": int(stats.get("memory_processed") or 0),
+    return Observation(
+        t=round(t, 3), status=status, rounds=s.rounds,
+        transferred=int(stats.get("memory_processed") or 0), remaining=s.remaining,
+        total=s.ram_total, dirty_rate=s.dirty_rate, bandwidth=s.bandwidth,
+        page_rate=0.0, throttle_pct=s.throttle_pct, expected_downtime_ms=None,
+        deferred_pages=None, error=None)
+
+
+def sample_of(t: float, stats: dict[str, Any], s: Snapshot) -> dict[str, Any]:
+    """One timeline entry: the observation's sample (the names of a lab run's) and
+    the copied disks' remainder and bytes sent."""
+    obs = observation(t, stats, s)
+    return {**obs.sample(), "remaining_disk": s.disk_remaining or 0,
             "disk_transferred": int(stats.get("disk_processed") or 0),
             "eta_s": (s.remaining / s.bandwidth) if s.bandwidth else None}
 
