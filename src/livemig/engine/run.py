@@ -233,6 +233,8 @@ class Engine:
                 if bad is not None:
                     self.events.event("corrupt destination resumed (resume_corrupt)",
                                       reason=bad)
+        if self._guardian is not None:  # should livemig die now: the destination runs
+            self._guardian.tell(guardian.VERIFIED)
         if status in PAUSED:
             await self.dst.cmd("cont")
             self.s.t_cont = time.time()
@@ -388,6 +390,7 @@ class Engine:
             "src": str(getattr(self.src, "socket_path", "")),
             "dst": str(getattr(self.dst, "socket_path", "")),
             "run_id": self.id,
+            "verify": self.plan.verify,  # until told VERIFIED, the source is the VM
             "original_src": self.neg.original_src.as_dict(),
             "original_dst": self.neg.original_dst.as_dict(),
             **self.hooks.guardian_extra(),
