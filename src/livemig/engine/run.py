@@ -239,6 +239,7 @@ class Engine:
             await self.dst.cmd("cont")
             self.s.t_cont = time.time()
         self.s.outcome = "completed"
+        self.events.say("the guest runs on the destination")
         self.events.event("phase settling")
         await self.hooks.after_resume()
         self.cpu["destination"] = proc_cpu(self.dst.pid)
