@@ -35,6 +35,8 @@ from livemig.engine.observe import TERMINAL, Observation
 from livemig.engine.plan import Plan
 from livemig.engine.qmpactuator import QmpActuator, check_throttle
 from livemig.engine.record import MigrationRecord
+from livemig.engine.sockstat import acked_bytes, tcp_port
+from livemig.engine.stall import SwitchoverWatch
 from livemig.engine.verify import RamVerdict, skipped, verify_ram
 from livemig.errors import LivemigError, UsageError, VMError
 
@@ -186,7 +188,7 @@ class Engine:
                       self.s.t_migrate, p.max_time, self.interrupt, self.executor,
                       self.hooks, self.timeline, dst=self.dst,
                       stall_timeout=float(self.neg.resolved.livemig["stall-timeout"]),
-                      release=self._release_controls)
+                      release=self._release_controls, switchover=self._switchover_watch())
         end = await mon.run()
         self.s.final = end.info
         await self._release_controls()
@@ -196,7 +198,17 @@ class Engine:
             self.s.outcome, self.s.reason = "aborted", end.cancelled_for or "cancelled"
             await self._source_runs()
         else:
-            raise VMError(f"migration {end.status}: {end.info.get('error-desc', '?')}")
+            raise VMError(f"migration {end.status}: "
+                          f"{end.cancelled_for or end.info.get('error-desc', '?')}")
+
+    def _switchover_watch(self) -> SwitchoverWatch | None:
+        """The final send watched through the kernel while QMP is blocked (a local
+        source QEMU on a ``tcp:`` URI; see :mod:`livemig.engine.stall`)."""
+        port, pid = tcp_port(self.plan.uri), self.src.pid
+        if port is None or pid is None or self.neg is None:
+            return None
+        return SwitchoverWatch(float(self.neg.resolved.livemig["stall-timeout"]),
+                               lambda: acked_bytes(pid, port))
 
     async def _incoming(self) -> None:
         """The destination listens. ``exit-on-error=false`` (QEMU >= 9.1): a failed
