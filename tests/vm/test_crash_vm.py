@@ -65,7 +65,10 @@ def test_killed_lab_run_source_runs_on_then_cleaned_up():
         assert "migrate_cancel" in log.read_text()
         # the destination never held the guest: quit, so its incoming port is closed
         assert "destination quit" in log.read_text()
-        assert len(qemu_pids(rid)) == 1
+        gone = time.monotonic() + 10  # QEMU exits a moment after its quit
+        while len(qemu_pids(rid)) != 1:
+            assert time.monotonic() < gone, qemu_pids(rid)
+            time.sleep(0.2)
         sq = run_dir / "src.qmp"
         assert qmp(sq, "query-status")["status"] == "running"
         info = qmp(sq, "query-migrate")
