@@ -55,7 +55,7 @@ def test_link_down_during_stop_and_copy_source_resumes_within_the_stall_timeout(
     report = tmp_path / "report.json"
     proc = subprocess.Popen(
         livemig_cmd("migrate", "--accel", "tcg", "--memory", "512M", "--run-id", rid,
-                    "--workload", "mem:size=160M,rate=0", "--link", "16mbit",
+                    "--workload", "mem:size=64M,rate=0", "--link", "16mbit",
                     "--profile", "defaults", "--set", "downtime-limit=60000",
                     "--set", f"stall-timeout={STALL_S}", "--set", "warmup=1",
                     "--max-time", "300", "--report", str(report)),
