@@ -138,3 +138,34 @@ def test_upgrade_without_to_qemu_or_recover_is_one_line(run_root, capsys):
     assert main(["upgrade", "--qmp", "/nonexistent.qmp"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--to-qemu BIN is required" in err[0]
+
+
+def test_an_interrupt_before_the_switch_touches_nothing(tmp_path):
+    """Ctrl-C / SIGTERM before the switch: Interrupted, no work directory, no new
+    QEMU started, nothing set on the old one."""
+    import asyncio
+
+    from livemig.engine.run import Interrupted
+    from livemig.upgrade.switch import Request, Upgrade
+
+    class Old:
+        name = "old"
+        socket_path = tmp_path / "vm.qmp"
+        pid = os.getpid()
+
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        async def cmd(self, command: str, **args: object) -> object:
+            self.calls.append(command)
+            return {"status": "running"} if command == "query-status" else {}
+
+    old = Old()
+    stop = asyncio.Event()
+    stop.set()
+    up = Upgrade(old, Request(to_qemu=Path("/bin/true"), mode="migrate",  # type: ignore[arg-type]
+                              work_dir=tmp_path / "work"), interrupt=stop)
+    with pytest.raises(Interrupted, match="the old QEMU runs the guest"):
+        asyncio.run(up.run())
+    assert not (tmp_path / "work").exists()
+    assert set(old.calls) <= {"query-status", "query-migrate"}  # only looked
