@@ -5,13 +5,16 @@ user started with ``-incoming defer -S`` (as libvirt does), given by its socket;
 ``--uri`` is what the destination will listen on. livemig checks both ends, hands
 them to the engine, and never kills or reconfigures them beyond what the migration
 needs: every capability and parameter it changed is set back at the end, and the
-engine's guardian does the same if livemig dies.
+engine's guardian does the same if livemig dies. One exception, after an abort or a
+failure: a destination that never held the guest and still listens on the migration
+port is quit (QEMU 10.2 cannot close that port otherwise; :mod:`livemig.engine.listener`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import shutil
 import subprocess
 import uuid
@@ -26,6 +29,7 @@ from livemig.engine.endpoint import (
     socket_peer_pid,
 )
 from livemig.engine.events import EventStream
+from livemig.engine.listener import quit_unused_destination
 from livemig.engine.negotiate import read
 from livemig.engine.plan import Plan
 from livemig.engine.record import MigrationRecord
@@ -104,6 +108,17 @@ async def _stop(end: Endpoint, proc: subprocess.Popen[bytes]) -> None:
         await asyncio.to_thread(proc.wait, 5)
 
 
+async def _close_listener(dst: Endpoint, events: EventStream) -> None:
+    """After an abort or failure: the user's destination, if it never held the guest,
+    is quit so that its incoming port closes (:mod:`livemig.engine.listener`)."""
+    def tell(line: str) -> None:
+        events.event("destination quit", reason=line)
+        events.say(line)
+
+    if dst.alive():
+        await quit_unused_destination(dst, tell)
+
+
 async def run_attach(src_qmp: Path, dst_qmp: Path | None, plan: Plan, events: EventStream,
                      interrupt: asyncio.Event) -> tuple[MigrationRecord, AttachFacts]:
     """Attach to ``src_qmp``; the destination at ``dst_qmp``, or (None) started by
@@ -123,8 +138,6 @@ async def run_attach(src_qmp: Path, dst_qmp: Path | None, plan: Plan, events: Ev
         else:
             dst = await _connect("dst", "--dst-qmp", dst_qmp)
         accel = await _accel(src)
-        import dataclasses
-
         plan = dataclasses.replace(plan, accel=accel).validate()
         await check_ends(src, dst, plan)
         adapted = await adapt(src, plan, Hints(scratch=gdir.parent), events)
@@ -134,6 +147,9 @@ async def run_attach(src_qmp: Path, dst_qmp: Path | None, plan: Plan, events: Ev
         engine = Engine(src, dst, plan, events=events, interrupt=interrupt, run_id=run_id,
                         guardian_dir=gdir, encoding=adapted.encoding)
         rec = await engine.run()
+        if not rec.completed and started is None:
+            await _close_listener(dst, events)
+            rec = dataclasses.replace(rec, events=tuple(events.log))
     finally:
         if started is not None and dst is not None and (rec is None or not rec.completed):
             await _stop(dst, started)  # livemig started it; the source is the VM

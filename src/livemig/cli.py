@@ -346,6 +346,10 @@ def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
     # binary): a typo fails here, not after two guests booted
     require_file(opts.qemu, "QEMU binary", "run 'make setup' or pass --qemu")
     qemucaps.check_settings(opts.qemu, plan.wanted)
+    from livemig.tls.creds import enabled as tls_enabled
+
+    if tls_enabled(opts.tls, one_host=not opts.testbed):  # GnuTLS: asked in the same probe
+        qemucaps.check_tls(opts.qemu)
     return opts
 
 

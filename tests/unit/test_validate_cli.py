@@ -129,3 +129,72 @@ def test_upgrade_to_a_binary_that_is_not_qemu_is_refused_first(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2, r.stderr
     assert len(lines) == 1 and "not a QEMU that answers migration queries" in lines[0]
+
+
+# A QEMU built without GnuTLS, as far as the probe sees it: the real binary's QMP
+# answers, except that TLS credentials cannot be created (QEMU's own message).
+NO_GNUTLS_QEMU = """#!{python}
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    ask, mid = msg["execute"], msg.get("id")
+    if ask == "query-migrate-capabilities":
+        out = {{"return": [{{"capability": "multifd", "state": False}}]}}
+    elif ask == "query-migrate-parameters":
+        out = {{"return": {{"downtime-limit": 300, "multifd-channels": 2}}}}
+    elif ask == "object-add":
+        out = {{"error": {{"class": "GenericError",
+                          "desc": "TLS credentials support requires GNUTLS"}}}}
+    else:
+        out = {{"return": {{}}}}
+    if mid is not None:
+        out["id"] = mid
+    print(json.dumps(out), flush=True)
+    if ask == "quit":
+        break
+"""
+
+
+def _no_gnutls_qemu(tmp: Path) -> Path:
+    fake = tmp / "qemu-no-gnutls"
+    fake.write_text(NO_GNUTLS_QEMU.format(python=sys.executable))
+    fake.chmod(0o755)
+    return fake
+
+
+def test_probe_tells_a_qemu_without_gnutls(tmp_path):
+    assert qemucaps.probe(_no_gnutls_qemu(tmp_path)).gnutls is False
+
+
+@needs_qemu
+def test_the_real_binary_has_gnutls():
+    assert qemucaps.probe(QEMU).gnutls is True
+
+
+def test_tls_on_with_a_qemu_without_gnutls_fails_before_anything_boots(tmp_path):
+    fake = _no_gnutls_qemu(tmp_path)
+    t0 = time.monotonic()
+    r = _run("migrate", "--workload", "idle", "--link", "local", "--tls", "on",
+             "--qemu", str(fake), tmp=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and "built without GnuTLS" in lines[0], r.stderr
+    assert "--tls off" in lines[0]
+    assert time.monotonic() - t0 < FAST_S
+    # nothing booted: no run directory besides the capability cache
+    assert not any(p.is_dir() and p.name != "qemu-caps" for p in (tmp_path / "run").iterdir())
+
+
+def test_tls_off_with_a_qemu_without_gnutls_is_not_refused_for_it(tmp_path, monkeypatch):
+    """The negative: the check is about TLS only (--tls off passes validation)."""
+    from livemig import cli
+
+    monkeypatch.setenv("LIVEMIG_RUN_DIR", str(tmp_path / "run"))
+    fake = _no_gnutls_qemu(tmp_path)
+    a = cli._build_parser().parse_args(["migrate", "--workload", "idle", "--link", "local",
+                                        "--tls", "off", "--qemu", str(fake)])
+    assert cli._migrate_options(a).qemu == fake
+    a = cli._build_parser().parse_args(["migrate", "--workload", "idle", "--link", "local",
+                                        "--tls", "on", "--qemu", str(fake)])
+    with pytest.raises(UsageError, match="without GnuTLS"):
+        cli._migrate_options(a)

@@ -48,10 +48,22 @@ def pair(tmp_path: Path):
         stop(p)
 
 
-def attach(src_qmp: Path, dst_qmp: Path, report: Path, *extra: str) -> list[str]:
+def attach(src_qmp: Path, dst_qmp: Path, report: Path, *extra: str,
+           port: int | None = None) -> list[str]:
     return livemig_cmd("migrate", "--src-qmp", str(src_qmp), "--dst-qmp", str(dst_qmp),
-                       "--uri", f"tcp:127.0.0.1:{free_port()}", "--report", str(report),
-                       *extra)
+                       "--uri", f"tcp:127.0.0.1:{port or free_port()}", "--report",
+                       str(report), *extra)
+
+
+def assert_listener_closed(dst: subprocess.Popen, port: int) -> None:
+    """The destination never held the guest: livemig (or its guardian) quit it, so
+    its incoming port is closed (QEMU 10.2 cannot close it otherwise)."""
+    import socket
+
+    assert dst.wait(timeout=30) == 0  # a QMP quit, not a crash
+    with pytest.raises(ConnectionRefusedError), \
+            socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
 
 
 def test_attach_migrates_verifies_resumes_and_restores(pair, tmp_path):
@@ -158,8 +170,9 @@ def test_attach_killed_livemig_leaves_source_running(pair, tmp_path):
     params_before = qmp(sq, "query-migrate-parameters")
     patched = has_command(sq, "set-cpu-throttle")
     profile = "livemig" if patched else "upstream-plain"
+    port = free_port()
     proc = subprocess.Popen(attach(sq, dq, tmp_path / "r.json", "--profile", profile,
-                                   "--bandwidth", "8M", "--max-time", "300"),
+                                   "--bandwidth", "8M", "--max-time", "300", port=port),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # killed while livemig's throttle holds the guest (patched QEMU), else mid-copy
@@ -179,7 +192,8 @@ def test_attach_killed_livemig_leaves_source_running(pair, tmp_path):
         time.sleep(0.5)
     assert status == "cancelled"
     assert qmp(sq, "query-status")["status"] == "running"
-    assert src.poll() is None and dst.poll() is None
+    assert src.poll() is None
+    assert_listener_closed(dst, port)
     assert guest_progress(tmp_path / "src.agent") > 0
     assert qmp(sq, "query-migrate-parameters") == params_before
     assert qmp(sq, "query-migrate-capabilities") == caps_before
@@ -191,8 +205,9 @@ def test_attach_ctrl_c_aborts_source_runs_settings_restored(pair, tmp_path):
     caps_before = qmp(sq, "query-migrate-capabilities")
     params_before = qmp(sq, "query-migrate-parameters")
     report = tmp_path / "r.json"
+    port = free_port()
     proc = subprocess.Popen(attach(sq, dq, report, "--profile", "upstream-plain",
-                                   "--bandwidth", "8M", "--max-time", "300"),
+                                   "--bandwidth", "8M", "--max-time", "300", port=port),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = ""
     deadline = time.monotonic() + 60
@@ -206,7 +221,9 @@ def test_attach_ctrl_c_aborts_source_runs_settings_restored(pair, tmp_path):
     rep = json.loads(report.read_text())
     assert rep["outcome"] == "aborted" and rep["reason"] == "interrupted"
     assert rep["source_after"]["running"] is True
-    assert src.poll() is None and dst.poll() is None
+    assert any(e["event"] == "destination quit" for e in rep["events"]), rep["events"]
+    assert src.poll() is None
+    assert_listener_closed(dst, port)
     assert qmp(sq, "query-status")["status"] == "running"
     assert qmp(sq, "query-migrate-parameters") == params_before
     assert qmp(sq, "query-migrate-capabilities") == caps_before

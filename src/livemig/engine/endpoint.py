@@ -136,6 +136,21 @@ class Endpoint:
         except (OSError, EOFError) as e:
             raise VMError(f"{self.name}: {command}: QMP connection lost: {e}") from e
 
+    async def oob(self, command: str, **args: Any) -> Any:
+        """An out-of-band command (``exec-oob``: QEMU runs it in the monitor's own
+        thread, without the main lock; ``yank`` is one). qemu.qmp enables OOB when
+        QEMU's greeting offers it."""
+        if self.qmp is None:
+            raise VMError(f"{self.name}: not connected")
+        try:
+            return await asyncio.wait_for(self.qmp.execute(command, args or None, oob=True),
+                                          QMP_TIMEOUT_S)
+        except TimeoutError:
+            raise VMError(f"{self.name}: {command} (oob): no answer from QEMU within "
+                          f"{QMP_TIMEOUT_S:.0f}s") from None
+        except (QMPError, OSError, EOFError) as e:
+            raise VMError(f"{self.name}: {command} (oob): {e}") from e
+
     async def next_event(self, timeout: float) -> dict[str, Any] | None:
         """The next QMP event, or None after ``timeout`` seconds."""
         if self.qmp is None:

@@ -11,11 +11,15 @@ the next client once livemig's connection is gone) and makes it right:
 - completed: the destination runs (``cont``: it was started with ``-S`` and the
   source is stopped, so otherwise no guest would run anywhere); if the destination
   did not load, or livemig had told the guardian it was proven corrupt
-  (:data:`REFUSE_DESTINATION`), the source runs instead;
+  (:data:`REFUSE_DESTINATION`), or the run verifies and livemig died before it told
+  :data:`VERIFIED` (killed while comparing), the source, intact in ``postmigrate``,
+  runs instead and the destination stays paused;
 - no management throttle stays on (``cancel-cpu-throttle`` when QEMU has it), and
-  every capability/parameter livemig changed is set back on both ends.
+  every capability/parameter livemig changed is set back on both ends;
+- a destination that never held the guest and still listens is quit
+  (:mod:`livemig.engine.listener`: QEMU cannot close its incoming port otherwise).
 
-It never kills a QEMU.
+It never kills a QEMU that holds a guest.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from livemig import private
+from livemig.engine.listener import quit_unused_destination
 from livemig.errors import LivemigError
 
 log = logging.getLogger("livemig.guardian")
@@ -39,6 +44,8 @@ log = logging.getLogger("livemig.guardian")
 CONNECT_TIMEOUT_S = 20.0
 RUNNABLE_PAUSED = ("paused", "postmigrate", "finish-migrate", "prelaunch")
 REFUSE_DESTINATION = "refuse-destination"  # the RAM/disk comparison failed: never cont dst
+QUIT_UNUSED_DESTINATION = "quit_unused_destination"  # spec key; default True
+VERIFIED = "verified"  # the comparison passed (or was waived): the destination may run
 
 
 class Handle:
@@ -142,9 +149,13 @@ async def repair_ends(src: Any, dst: Any, spec: dict[str, Any]) -> dict[str, Any
                 if status in ("completed", "failed", "cancelled"):
                     break
                 await asyncio.sleep(0.05)
-        refused = status == "completed" and bool(spec.get(REFUSE_DESTINATION))
+        unproven = bool(spec.get("verify")) and not spec.get(VERIFIED)
+        refused = status == "completed" and (bool(spec.get(REFUSE_DESTINATION)) or unproven)
         if refused:
-            act("destination proven corrupt: left paused")
+            act("destination proven corrupt: left paused" if spec.get(REFUSE_DESTINATION)
+                else "destination not verified yet (livemig died before the comparison "
+                "passed): left paused; the intact source runs")
+            await _deactivate(dst)
         if str(status).startswith("postcopy"):
             # the destination runs the guest and pulls its pages from the source:
             # resuming the source would run it twice; cancelling would lose it
@@ -181,7 +192,18 @@ async def repair_ends(src: Any, dst: Any, spec: dict[str, Any]) -> dict[str, Any
             with contextlib.suppress(LivemigError, OSError):
                 r = await restore(end, EndSettings.from_dict(spec[key]))
                 act(f"{end.name}: restored {r}")
+    if dst is not None and spec.get(QUIT_UNUSED_DESTINATION, True):
+        await quit_unused_destination(dst, act)
     return done
+
+
+async def _deactivate(dst: Any) -> None:
+    """A destination that must not run gives its disks back (as the engine does)."""
+    if dst is None:
+        return
+    with contextlib.suppress(LivemigError, OSError):
+        if await dst.has_command("blockdev-set-active"):
+            await dst.cmd("blockdev-set-active", active=False)
 
 
 async def _destination_stopped(dst: Any, act: Any) -> bool:
@@ -234,6 +256,7 @@ def main(argv: list[str]) -> int:
         log.info("livemig finished normally")
         return 0
     spec[REFUSE_DESTINATION] = REFUSE_DESTINATION in words
+    spec[VERIFIED] = VERIFIED in words
     log.info("livemig died: repairing")
     t0 = time.monotonic()
     try:

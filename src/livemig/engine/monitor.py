@@ -22,7 +22,7 @@ from livemig.engine.decision import CONTINUE, Decision, Verdict
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
 from livemig.engine.observe import Observation
-from livemig.engine.stall import StallWatch
+from livemig.engine.stall import StallWatch, SwitchoverWatch
 from livemig.errors import VMError
 from livemig.policy.base import Snapshot
 
@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
 CANCEL_TIMEOUT_S = 60.0  # QEMU must reach a terminal state this long after a cancel
+# How often the switchover watch looks at the final send while QMP is blocked: one
+# ``ss`` in the source's namespace (a few ms) per look; the yank comes at most this
+# late after ``stall-timeout``.
+LOOK_S = 0.5
+YANK_MIGRATION = [{"type": "migration"}]
 
 
 class Policies(Protocol):
@@ -66,7 +71,8 @@ class Monitor:
                  timeline: list[dict[str, Any]], dst: QmpEnd | None = None,
                  stall_timeout: float = 0.0,
                  release: Callable[[], Awaitable[None]] | None = None,
-                 on_tick: Callable[[], None] | None = None) -> None:
+                 on_tick: Callable[[], None] | None = None,
+                 switchover: SwitchoverWatch | None = None) -> None:
         self.src = src
         self.dst = dst
         self.events = events
@@ -81,6 +87,8 @@ class Monitor:
         self.stall = StallWatch(stall_timeout)
         self.release = release  # drops the throttle the moment a cancel is decided
         self.on_tick = on_tick  # the engine's own per-poll work (thread pinning)
+        self.switchover = switchover
+        self.yanked: str | None = None  # why the migration was yanked, once it was
 
     async def run(self) -> Terminal:
         start = time.monotonic()
@@ -91,13 +99,14 @@ class Monitor:
             now = time.time()
             if self.on_tick is not None:
                 self.on_tick()
-            obs = Observation.parse(now - self.t_migrate, await self.src.cmd("query-migrate"))
+            obs = Observation.parse(now - self.t_migrate, await self._query())
             sample = {**obs.sample(), **await self.hooks.on_poll(now, obs)}
             self.timeline.append(sample)
             self.events.sample(obs.t, sample)
             if obs.terminal:
-                return Terminal(obs.status, await self.src.cmd("query-migrate"),
-                                cancelled_for if obs.status == "cancelled" else None)
+                why = cancelled_for if obs.status == "cancelled" else \
+                    self.yanked if obs.status == "failed" else None
+                return Terminal(obs.status, await self.src.cmd("query-migrate"), why)
             if obs.status == "pre-switchover" and not cancelled_for \
                     and await self.hooks.pre_switchover():
                 continue
@@ -118,6 +127,44 @@ class Monitor:
                               "migrate_cancel")
             tick += 1
             await self._wait_until(start + tick * self.period)
+
+    async def _query(self) -> dict[str, Any]:
+        """``query-migrate``. While it goes unanswered (QEMU's main loop held, as in
+        stop-and-copy) the switchover watch looks at the final send and yanks a dead
+        one (:class:`livemig.engine.stall.SwitchoverWatch`)."""
+        watch = self.switchover
+        if watch is None or watch.timeout <= 0:
+            return dict(await self.src.cmd("query-migrate"))
+        task = asyncio.ensure_future(self.src.cmd("query-migrate"))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=LOOK_S)
+                if done:
+                    watch.reset()
+                    return dict(task.result())
+                if self.yanked is not None:
+                    continue
+                acked = await asyncio.to_thread(watch.progress)
+                reason = watch.feed(time.monotonic(), acked)
+                if reason:
+                    self.yanked = reason
+                    self.events.event("phase yanking: " + reason)
+                    self.events.say(f"failing the migration: {reason}")
+                    await self._yank()
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _yank(self) -> None:
+        """QMP ``yank`` out-of-band (it runs without QEMU's main lock): the migration
+        sockets are shut down, the blocked send fails, QEMU resumes the source."""
+        oob = getattr(self.src, "oob", None)
+        if oob is None:
+            return
+        try:
+            await oob("yank", instances=YANK_MIGRATION)
+        except VMError as e:
+            self.events.event("yank failed", error=str(e))
 
     async def _decide(self, obs: Observation) -> Verdict:
         """The policies first (they may abort), then the run's own limits."""

@@ -35,6 +35,8 @@ from livemig.engine.observe import TERMINAL, Observation
 from livemig.engine.plan import Plan
 from livemig.engine.qmpactuator import QmpActuator, check_throttle
 from livemig.engine.record import MigrationRecord
+from livemig.engine.sockstat import acked_bytes, tcp_port
+from livemig.engine.stall import SwitchoverWatch
 from livemig.engine.verify import RamVerdict, skipped, verify_ram
 from livemig.errors import LivemigError, UsageError, VMError
 
@@ -192,7 +194,8 @@ class Engine:
                       self.hooks, self.timeline, dst=self.dst,
                       stall_timeout=float(self.neg.resolved.livemig["stall-timeout"]),
                       release=self._release_controls,
-                      on_tick=self.pinner.apply if self.pinner is not None else None)
+                      on_tick=self.pinner.apply if self.pinner is not None else None,
+                      switchover=self._switchover_watch())
         end = await mon.run()
         self.s.final = end.info
         await self._release_controls()
@@ -202,7 +205,17 @@ class Engine:
             self.s.outcome, self.s.reason = "aborted", end.cancelled_for or "cancelled"
             await self._source_runs()
         else:
-            raise VMError(f"migration {end.status}: {end.info.get('error-desc', '?')}")
+            raise VMError(f"migration {end.status}: "
+                          f"{end.cancelled_for or end.info.get('error-desc', '?')}")
+
+    def _switchover_watch(self) -> SwitchoverWatch | None:
+        """The final send watched through the kernel while QMP is blocked (a local
+        source QEMU on a ``tcp:`` URI; see :mod:`livemig.engine.stall`)."""
+        port, pid = tcp_port(self.plan.uri), self.src.pid
+        if port is None or pid is None or self.neg is None:
+            return None
+        return SwitchoverWatch(float(self.neg.resolved.livemig["stall-timeout"]),
+                               lambda: acked_bytes(pid, port))
 
     async def _incoming(self) -> None:
         """The destination listens. ``exit-on-error=false`` (QEMU >= 9.1): a failed
@@ -239,10 +252,13 @@ class Engine:
                 if bad is not None:
                     self.events.event("corrupt destination resumed (resume_corrupt)",
                                       reason=bad)
+        if self._guardian is not None:  # should livemig die now: the destination runs
+            self._guardian.tell(guardian.VERIFIED)
         if status in PAUSED:
             await self.dst.cmd("cont")
             self.s.t_cont = time.time()
         self.s.outcome = "completed"
+        self.events.say("the guest runs on the destination")
         self.events.event("phase settling")
         await self.hooks.after_resume()
         self.cpu["destination"] = proc_cpu(self.dst.pid)
@@ -413,6 +429,7 @@ class Engine:
             "src": str(getattr(self.src, "socket_path", "")),
             "dst": str(getattr(self.dst, "socket_path", "")),
             "run_id": self.id,
+            "verify": self.plan.verify,  # until told VERIFIED, the source is the VM
             "original_src": self.neg.original_src.as_dict(),
             "original_dst": self.neg.original_dst.as_dict(),
             **({"affinity": {str(t): c for t, c in self.pinner.originals.items()}}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
 import sys
 import uuid
 from pathlib import Path
@@ -19,6 +21,7 @@ from livemig.errors import UsageError, VMError
 from livemig.progress import Progress
 from livemig.report import AttachFacts, build_report, summary, write_report
 from livemig.units import parse_size
+from livemig.upgrade import journal
 from livemig.upgrade.switch import MODES, Request, Upgrade
 
 DOC = """\
@@ -48,8 +51,11 @@ def register(sub: Any) -> None:
                    "running VM")
     u.add_argument("--from-qemu", type=Path, metavar="BIN", help="lab: boot the guest on "
                    "this QEMU")
-    u.add_argument("--to-qemu", type=Path, metavar="BIN", required=True,
-                   help="the QEMU binary to upgrade to")
+    u.add_argument("--to-qemu", type=Path, metavar="BIN",
+                   help="the QEMU binary to upgrade to (required unless --recover)")
+    u.add_argument("--recover", action="store_true",
+                   help="put back the sockets an interrupted upgrade left moved aside "
+                   "(PATH.livemig-upgrade) and exit")
     u.add_argument("--mode", choices=MODES, default="auto",
                    help="auto (cpr-transfer), cpr-transfer or cpr-exec; for comparison: "
                    "migrate (local live migration) or save-restore (stop, save, restore)")
@@ -76,8 +82,15 @@ def cmd_upgrade(a: argparse.Namespace) -> int:
         # qemu.qmp logs the connections that are expected to fail while the new QEMU
         # starts (or the old image execs) as errors; livemig reports what matters
         logging.getLogger("qemu.qmp").setLevel(logging.CRITICAL)
+    if a.recover:
+        return _recover()
+    if a.to_qemu is None:
+        raise UsageError("--to-qemu BIN is required (or --recover)")
     if a.report is not None and a.report.is_dir():
         raise UsageError(f"--report {a.report} is a directory")
+    if a.qmp is not None and not os.path.lexists(a.qmp) and journal.mentions(a.qmp):
+        raise UsageError(f"--qmp {a.qmp}: moved aside by an interrupted livemig upgrade "
+                         f"({journal.aside(str(a.qmp))}): run 'livemig upgrade --recover'")
     paths.require_file(a.to_qemu, "--to-qemu", "pass an existing QEMU binary")
     if (a.qmp is None) == (a.from_qemu is None):
         raise UsageError("give either --qmp PATH (a running VM) or --from-qemu BIN (a lab "
@@ -107,6 +120,20 @@ def cmd_upgrade(a: argparse.Namespace) -> int:
     return 0
 
 
+def _recover() -> int:
+    """``--recover``: the sockets interrupted upgrades moved aside go back."""
+    found = journal.pending()
+    for j in found:
+        for path in journal.recover(j):
+            print(f"put back {path}")
+        if j.exists():
+            print(f"livemig: {j}: some sockets could not be put back (their paths are "
+                  "taken again): left as they are", file=sys.stderr)
+    if not found:
+        print("nothing to recover")
+    return 0
+
+
 async def _attach(a: argparse.Namespace) -> dict[str, Any]:
     path = require_socket(a.qmp, "--qmp")
     progress = Progress(enabled=not a.quiet)
@@ -121,8 +148,12 @@ async def _attach(a: argparse.Namespace) -> dict[str, Any]:
     req = Request(to_qemu=a.to_qemu.resolve(), mode=a.mode, fallback=a.fallback,
                   work_dir=paths.run_root() / f"upgrade-{run_id}")
     t0 = events.t0
+    interrupt = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # honoured up to the switch, not in it
+        loop.add_signal_handler(sig, interrupt.set)
     try:
-        up = Upgrade(old, req, events=events)
+        up = Upgrade(old, req, events=events, interrupt=interrupt)
         res = await up.run()
     finally:
         await old.close()
@@ -165,8 +196,6 @@ async def _lab(a: argparse.Namespace) -> dict[str, Any]:
     lab = UpgradeLab(opts, req, aux_ram_share=not a.no_aux_ram_share,
                      progress=Progress(enabled=not a.quiet), warmup=a.warmup, settle=a.settle)
     loop = asyncio.get_running_loop()
-    import signal
-
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lab.interrupt.set)
     return await lab.upgrade()

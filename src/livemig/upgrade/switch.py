@@ -40,10 +40,10 @@ from typing import Any
 from livemig.engine.endpoint import Endpoint, process_argv, socket_peer_pid
 from livemig.engine.events import EventStream
 from livemig.engine.plan import Plan
-from livemig.engine.run import Engine
+from livemig.engine.run import Engine, Interrupted
 from livemig.errors import LivemigError, UsageError, VMError
 from livemig.upgrade import argv as argvmod
-from livemig.upgrade import procfs, timing
+from livemig.upgrade import journal, procfs, timing
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -131,7 +131,8 @@ class Upgrade:
     """One in-place upgrade of the QEMU behind ``old`` (connected, pid known)."""
 
     def __init__(self, old: Endpoint, req: Request, events: EventStream | None = None,
-                 watch: Watcher | None = None) -> None:
+                 watch: Watcher | None = None,
+                 interrupt: asyncio.Event | None = None) -> None:
         if old.pid is None:
             raise UsageError(f"{old.socket_path}: cannot tell which process serves it")
         self.old = old
@@ -146,6 +147,14 @@ class Upgrade:
         self.work = req.work_dir
         self._grabbed: list[int] = []
         self._tasks: list[asyncio.Task[None]] = []
+        # Ctrl-C / SIGTERM: honoured up to the switch (nothing is lost: the old QEMU
+        # runs on, the new one goes); from ``migrate`` on the switch takes milliseconds
+        # and is finished, so the sockets are never left half-renamed
+        self.interrupt = interrupt or asyncio.Event()
+
+    def _check_interrupt(self) -> None:
+        if self.interrupt.is_set():
+            raise Interrupted("interrupted before the switch: the old QEMU runs the guest")
 
     # -- checks ---------------------------------------------------------------------
     async def choose_mode(self) -> tuple[str, str | None]:
@@ -182,6 +191,7 @@ class Upgrade:
 
     async def run(self) -> Result:
         mode, refused = await self.choose_mode()
+        self._check_interrupt()
         self.work.mkdir(parents=True, exist_ok=True)
         self.events.event("upgrade mode", mode=mode, refused=refused)
         if refused:
@@ -235,6 +245,7 @@ class Upgrade:
                 self._tasks.append(asyncio.create_task(self.watch(proc.pid)))
             if mode == "cpr-transfer":
                 await self._wait_path(cprs, proc, "its cpr channel")
+                self._check_interrupt()
                 await self._transfer(res, main, cprs, proc)
             else:
                 await self._migrate(res, proc)
@@ -282,7 +293,7 @@ class Upgrade:
         plan = Plan(uri=f"unix:{self.work / 'migrate.sock'}", profile="upstream-plain",
                     verify=False, accel=accel, max_time=SWITCH_TIMEOUT_S * 5).validate()
         res.t_issue = time.time()
-        engine = Engine(self.old, new, plan, events=self.events,
+        engine = Engine(self.old, new, plan, events=self.events, interrupt=self.interrupt,
                         run_id=f"u{os.getpid()}", guardian_dir=self.work / "guardian")
         rec = await engine.run()
         res.final_stats = dict(rec.final_stats)
@@ -410,8 +421,10 @@ class Upgrade:
             shared = procfs.listening_unix_paths(new_pid) & procfs.listening_unix_paths(
                 self.pid)
         moved: list[tuple[str, str]] = []
-        for p in sorted(shared):
-            aside = f"{p}.livemig-upgrade"
+        moves = [(p, journal.aside(p)) for p in sorted(shared)]
+        if moves:  # before the first rename: a livemig killed now leaves a way back
+            journal.write(self.work, moves, self.pid)
+        for p, aside in moves:
             with contextlib.suppress(OSError):
                 os.rename(p, aside)
                 moved.append((p, aside))
@@ -423,9 +436,13 @@ class Upgrade:
             while procfs.alive(self.pid) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
         finally:
+            back = 0
             for p, aside in moved:
                 with contextlib.suppress(OSError):
                     os.rename(aside, p)
+                    back += 1
+            if back == len(moved):
+                journal.clear(self.work)
         gone = not procfs.alive(self.pid)
         self.events.event("old qemu quit", pid=self.pid, exited=gone, sockets_kept=len(moved))
         return gone
@@ -515,6 +532,7 @@ class Upgrade:
                                 timing.trace_args(trace_log))
         res = Result(outcome="failed", mode="cpr-exec", old_pid=self.pid, new_pid=self.pid,
                      new_argv=argv)
+        self._check_interrupt()
         await self._set_events(True)
         await self.old.cmd("migrate-set-parameters", mode="cpr-exec", **{
             "cpr-exec-command": argv})

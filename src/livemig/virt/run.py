@@ -34,7 +34,7 @@ from livemig.engine.executor import PolicyConfig, PolicyExecutor
 from livemig.engine.plan import Plan as EnginePlan
 from livemig.errors import LivemigError, UsageError
 from livemig.progress import Progress
-from livemig.virt import journal, qmp
+from livemig.virt import hold, journal, qmp
 from livemig.virt.actuator import IoDevice, LibvirtActuator, io_devices
 from livemig.virt.conn import LibvirtError, find, libvirt_module, lookup, message, open_uri
 from livemig.virt.facts import (
@@ -522,11 +522,13 @@ class DomainMigration:
         if plan.flags & PAUSED:
             self.progress.step(f"comparing the copied disks (disk-check="
                                f"{self.disk_method}); the destination is held paused")
+            guard = hold.start(o.domain, o.dst_uri)  # resumes dst should livemig die now
             t0 = time.monotonic()
             self.run.disk_check = self._compare_disks(dst)
             self.progress.step(f"disks {self.run.disk_check['result']} in "
                                f"{time.monotonic() - t0:.2f} s")
             if self.run.disk_check.get("result") == "mismatch":
+                guard.tell(hold.MISMATCH)
                 self.progress.step(f"disk mismatch: the destination stays paused (virsh "
                                    f"-c {o.dst_uri} resume {o.domain} runs it anyway)")
             else:
@@ -536,6 +538,7 @@ class DomainMigration:
                 # the guest waited for the comparison: a verify hold after QEMU's
                 # downtime (not in downtime_ms)
                 self.run.disk_check["hold_s"] = round(time.monotonic() - t0, 3)
+            guard.dismiss()
         if plan.ram_check:
             self.run.ram_check = self._ram_check_result(dst)
         stream = [k for k in plan.dst_globals if k in STREAM_PARAMS]

@@ -1,0 +1,138 @@
+"""The rename journal: sockets moved aside while the old QEMU quits, put back after.
+
+When the old QEMU quits it unlinks the unix sockets it listened on (QMP, chardevs);
+the new QEMU listens at the same paths, so those are renamed aside first
+(``PATH.livemig-upgrade``) and back once the old process is gone. A livemig killed
+in between (kill -9, a crash, the host's OOM killer) would leave the VM's sockets
+at the aside names: the journal, written (0600, atomically) before the first
+rename and removed after the last one is undone, lets ``livemig upgrade --recover``
+(or the next ``livemig upgrade`` of that VM, whose error says so) put them back.
+
+The journal is written only once the new QEMU runs the guest and the old one has
+been told to quit; it records the old QEMU (pid and start time). ``--recover``
+finishes what was started: if that same old process is still there (livemig died
+before it told it to quit) it is terminated first (SIGTERM: QEMU exits cleanly; its
+guest state is stale, the guest runs in the new process), while the sockets are
+still aside so its exit unlinks nothing of the new QEMU's; then the sockets go back.
+A rename is undone only when the aside name still exists and nothing took the
+original path since: the user's own file there wins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from livemig import paths, private
+
+JOURNAL = "renames.json"
+SUFFIX = ".livemig-upgrade"
+
+
+def aside(path: str) -> str:
+    return f"{path}{SUFFIX}"
+
+
+OLD_EXIT_S = 10.0  # a QEMU told SIGTERM exits in well under a second
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time (``/proc/PID/stat`` field 22): a reused pid differs.
+    None when it is gone (or a zombie: it has exited)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if len(fields) < 20 or fields[0] == "Z" else fields[19]
+
+
+def write(work: Path, moves: list[tuple[str, str]], old_pid: int | None = None) -> Path:
+    """Record the renames about to be made (original, aside) in ``work``, and the old
+    QEMU that is about to quit."""
+    private.make_dir(work)
+    path = work / JOURNAL
+    data = {"pid": os.getpid(), "moves": moves, "old_pid": old_pid,
+            "old_start": start_time(old_pid) if old_pid else None}
+    private.write_text(path, json.dumps(data))  # atomic
+    return path
+
+
+def clear(work: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (work / JOURNAL).unlink()
+
+
+def pending() -> list[Path]:
+    """Journals of upgrades whose livemig died before putting the sockets back."""
+    root = paths.run_root()
+    found = []
+    for j in sorted(root.glob(f"upgrade-*/{JOURNAL}")):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(json.loads(j.read_text()).get("pid", 0))
+            if pid and Path(f"/proc/{pid}").exists() and pid != os.getpid():
+                continue  # that livemig still runs: its renames are its own business
+            found.append(j)
+    return found
+
+
+def moved_from(journal: Path) -> list[tuple[str, str]]:
+    try:
+        data = json.loads(journal.read_text())
+        return [(str(a), str(b)) for a, b in data.get("moves", [])]
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def _end_old(journal: Path) -> None:
+    """The old QEMU the journal names, if that very process still runs, goes."""
+    try:
+        data = json.loads(journal.read_text())
+        pid, start = int(data.get("old_pid") or 0), data.get("old_start")
+    except (OSError, ValueError, TypeError):
+        return
+    if not pid or start is None or start_time(pid) != start:
+        return
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + OLD_EXIT_S
+    while start_time(pid) == start and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def recover(journal: Path) -> list[str]:
+    """Put back what ``journal`` says was moved aside; returns the paths restored.
+    The journal goes once nothing of it is left to put back."""
+    _end_old(journal)
+    restored = []
+    left = False
+    for original, moved in moved_from(journal):
+        if not os.path.lexists(moved):
+            continue
+        if os.path.lexists(original):
+            left = True  # something is there again: never overwrite it
+            continue
+        try:
+            os.rename(moved, original)
+            restored.append(original)
+        except OSError:
+            left = True
+    if not left:
+        with contextlib.suppress(FileNotFoundError):
+            journal.unlink()
+        with contextlib.suppress(OSError):
+            journal.parent.rmdir()
+    return restored
+
+
+def mentions(path: Path) -> Path | None:
+    """The pending journal that moved ``path`` aside, if any."""
+    target = str(path)
+    for j in pending():
+        if any(original == target and os.path.lexists(moved)
+               for original, moved in moved_from(j)):
+            return j
+    return None
