@@ -56,6 +56,9 @@ def register(sub: Any) -> None:
                    help=f"migrations at once at most (default {DEFAULT_MAX_PARALLEL})")
     e.add_argument("--no-sample", action="store_true",
                    help="skip the page sample (assume nothing compresses)")
+    e.add_argument("--unsafe", action="store_true",
+                   help="passed to every migration: storage libvirt cannot tell is shared "
+                        "(the testbed's shared directory)")
     e.add_argument("-q", "--quiet", action="store_true", help="no live view")
     e.set_defaults(func=cmd_evacuate)
 
@@ -143,7 +146,7 @@ def cmd_evacuate(a: argparse.Namespace) -> int:
         facts, key=lambda f: plan.order().index(f.name))]
     opts = run.Options(src_uri=a.connect, profile=a.profile, out=out, links=links,
                        max_parallel=a.max_parallel, max_time=a.max_time, sets=list(a.set),
-                       quiet=a.quiet)
+                       quiet=a.quiet, unsafe=a.unsafe)
     evac = run.Evacuation(opts, vms, src, view.View(enabled=not a.quiet))
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda n, _f: evac.cancel(f"signal {signal.Signals(n).name}"))

@@ -77,6 +77,7 @@ class Options:
     sets: list[str] = field(default_factory=list)
     quiet: bool = False
     reshare: bool = True
+    unsafe: bool = False
 
 
 class Evacuation:
@@ -163,6 +164,8 @@ class Evacuation:
                "--connect", self.o.src_uri, "--to", v.destination,
                "--profile", self.o.profile, "--storage", self.o.storage,
                "--bandwidth", f"{mib(bandwidth)}M", "--report", str(report), "-q"]
+        if self.o.unsafe:
+            cmd.append("--unsafe")
         for s in self.o.sets:
             cmd += ["--set", s]
         if self.o.max_time is not None:

@@ -40,8 +40,9 @@ def vm_line(v: Any, now: float) -> str:
 def host_line(vms: list[Any], links: dict[str, float], now: float) -> str:
     left = [v for v in vms if v.status in (schedule.QUEUED, schedule.MIGRATING)]
     bytes_left = sum(v.live.get("remaining") or v.facts.nonzero for v in left)
-    etas = [v.live["remaining"] / v.live["bps"] for v in left
-            if v.status == schedule.MIGRATING and v.live.get("bps")]
+    etas = [v.live["remaining"] / v.live["bps"] if v.live.get("bps")
+            else schedule.seconds(v.facts, v.bandwidth or 1.0)
+            for v in left if v.status == schedule.MIGRATING]
     queued = [v.facts for v in left if v.status == schedule.QUEUED]
     eta = max(etas, default=0.0) + schedule.simulate(queued, links).total_s
     return (f"[{now:6.1f}s] host: {len(left)} of {len(vms)} VMs left, "
