@@ -54,6 +54,10 @@ def register(sub: Any) -> None:
                         "testbed (each destination host has its own link), else shared")
     e.add_argument("--max-parallel", type=int, default=DEFAULT_MAX_PARALLEL,
                    help=f"migrations at once at most (default {DEFAULT_MAX_PARALLEL})")
+    e.add_argument("--scheduler", default="livemig", metavar="livemig|fixed:N",
+                   help="livemig (planned order, concurrency and link shares; default) or "
+                        "fixed:N, a baseline: N at a time, no caps (Nova's default is 1, "
+                        "KubeVirt's 2 per node)")
     e.add_argument("--no-sample", action="store_true",
                    help="skip the page sample (assume nothing compresses)")
     e.add_argument("--unsafe", action="store_true",
@@ -90,6 +94,10 @@ def _check(a: argparse.Namespace) -> list[str]:
     if a.report is not None and a.report.exists() and not a.report.is_dir():
         raise UsageError(f"--report {a.report} is a file, not a directory")
     parse_sets(a.set)
+    if a.scheduler != "livemig":
+        kind, _, n = a.scheduler.partition(":")
+        if kind != "fixed" or not n.isdigit() or int(n) < 1:
+            raise UsageError(f"bad --scheduler {a.scheduler!r}: livemig or fixed:N (N >= 1)")
     if a.link is not None and parse_link_rate(a.link) is None:
         raise UsageError("--link none: the scheduler needs the link's rate")
     return dsts
@@ -137,7 +145,9 @@ def cmd_evacuate(a: argparse.Namespace) -> int:
     where, nowhere = fleet.place([m.facts for m in measured], free, separate)
     facts = fleet.with_links([m.facts for m in measured], where, separate)
     links = {u: link for u in dsts} if separate else {schedule.SHARED_LINK: link}
-    plan = schedule.simulate(facts, links, a.max_parallel)
+    fixed = int(a.scheduler.split(":")[1]) if a.scheduler != "livemig" else None
+    plan = schedule.simulate(facts, links, a.max_parallel,
+                             None if fixed is None else schedule.fixed(fixed))
     print(_plan_text(plan, facts, where, nowhere, links, measured))
     if a.dry_run:
         return 0
@@ -146,7 +156,7 @@ def cmd_evacuate(a: argparse.Namespace) -> int:
         facts, key=lambda f: plan.order().index(f.name))]
     opts = run.Options(src_uri=a.connect, profile=a.profile, out=out, links=links,
                        max_parallel=a.max_parallel, max_time=a.max_time, sets=list(a.set),
-                       quiet=a.quiet, unsafe=a.unsafe)
+                       quiet=a.quiet, unsafe=a.unsafe, scheduler=a.scheduler)
     evac = run.Evacuation(opts, vms, src, view.View(enabled=not a.quiet))
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda n, _f: evac.cancel(f"signal {signal.Signals(n).name}"))

@@ -78,6 +78,14 @@ class Options:
     quiet: bool = False
     reshare: bool = True
     unsafe: bool = False
+    # "livemig" (schedule.decide) or "fixed:N" (a baseline: N at a time in the given
+    # order, no caps, TCP splits the link: what Nova and KubeVirt do)
+    scheduler: str = "livemig"
+
+    @property
+    def fixed(self) -> int | None:
+        return int(self.scheduler.split(":", 1)[1]) if self.scheduler.startswith(
+            "fixed:") else None
 
 
 class Evacuation:
@@ -146,11 +154,12 @@ class Evacuation:
             states.append(VmState(v.facts, status, v.bandwidth))
         snap = schedule.Snapshot(now, tuple(states), self.o.links, self.o.max_parallel)
         by_name = {v.name: v for v in self.vms}
-        for a in schedule.decide(snap):
+        n = self.o.fixed
+        for a in (schedule.decide(snap) if n is None else schedule.fixed(n)(snap)):
             v = by_name[a.name]
             if isinstance(a, schedule.Start):
                 self._start(v, a.bandwidth, a.reason)
-            elif self.o.reshare:
+            elif self.o.reshare and n is None:
                 self._set_speed(v, a.bandwidth, a.reason)
 
     def _start(self, v: Vm, bandwidth: float, reason: str) -> None:
@@ -163,7 +172,9 @@ class Evacuation:
         cmd = [sys.executable, "-m", "livemig.cli", "migrate", "--domain", v.name,
                "--connect", self.o.src_uri, "--to", v.destination,
                "--profile", self.o.profile, "--storage", self.o.storage,
-               "--bandwidth", f"{mib(bandwidth)}M", "--report", str(report), "-q"]
+               "--report", str(report), "-q"]
+        if self.o.fixed is None:
+            cmd += ["--bandwidth", f"{mib(bandwidth)}M"]
         if self.o.unsafe:
             cmd.append("--unsafe")
         for s in self.o.sets:

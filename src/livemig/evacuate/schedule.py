@@ -29,6 +29,7 @@ operator says they have their own):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from livemig.policy.encoding import MAX_Q, Codec, Context, Estimate, estimate
@@ -250,10 +251,10 @@ class Plan:
 
 
 def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 3,
-             policy: object = None) -> Plan:
+             policy: Callable[[Snapshot], list[Action]] | None = None) -> Plan:
     """Run ``decide`` (or ``policy(snapshot)``) against the model: each migration
     progresses at 1 ÷ its modelled time at its current cap; caps change at events."""
-    choose = policy if callable(policy) else decide
+    choose = policy or decide
     states = {f.name: VmState(f) for f in fleet}
     planned: dict[str, Planned] = {}
     t = 0.0
@@ -285,7 +286,7 @@ def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 
     return Plan(sorted(planned.values(), key=lambda p: (p.start, p.name)))
 
 
-def fixed(concurrency: int) -> object:
+def fixed(concurrency: int) -> Callable[[Snapshot], list[Action]]:
     """A fixed-concurrency baseline (Nova: 1, KubeVirt: 2 per node): the queue in the
     given order, ``concurrency`` at a time, TCP's even split of the link."""
     def policy(s: Snapshot) -> list[Action]:
