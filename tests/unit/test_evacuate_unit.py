@@ -126,3 +126,66 @@ def test_view_lines() -> None:
     assert "round 3" in line and "ETA 2 s" in line and "10.77.0.2" in line
     host = view.host_line([v, _vm("b", "queued")], {SHARED_LINK: 100 * M}, 1.0)
     assert "2 of 2 VMs left" in host and "ETA to empty" in host
+
+
+class _NoConn:
+    def lookupByName(self, name: str) -> object:  # noqa: N802 - libvirt's name
+        raise RuntimeError("no job")
+
+
+def _fake_children(monkeypatch: pytest.MonkeyPatch, fail: set[str],
+                   seconds: float = 0.0) -> list[str]:
+    """Children that write a report (failed for ``fail``) instead of migrating."""
+    import json
+
+    started: list[str] = []
+    real = subprocess.Popen
+
+    def popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        name = cmd[cmd.index("--domain") + 1]
+        report = Path(cmd[cmd.index("--report") + 1])
+        started.append(name)
+        ok = name not in fail
+        report.write_text(json.dumps({"outcome": "completed" if ok else "failed",
+                                      "reason": None if ok else "boom",
+                                      "consistency": {"ram": "ok" if ok else None},
+                                      "ram_transferred_bytes": M, "downtime_ms": 50}))
+        return real(["sleep", str(seconds)] if ok or seconds else ["false"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    monkeypatch.setattr(run.subprocess, "Popen", popen)
+    monkeypatch.setattr(run, "POLL_S", 0.05)
+    monkeypatch.setattr(run, "RETRY_DELAY_S", 0.1)
+    return started
+
+
+def _evac(tmp_path: Path, names: list[str], max_time: float | None = None) -> run.Evacuation:
+    vms = [run.Vm(VmFacts(n, 128 * M, 32 * M, 0.0), "qemu+tcp://d/system") for n in names]
+    opts = run.Options(src_uri="qemu+tcp://s/system", profile="livemig", out=tmp_path,
+                       links={SHARED_LINK: 100 * M}, max_parallel=2, max_time=max_time)
+    return run.Evacuation(opts, vms, _NoConn())
+
+
+def test_a_failed_vm_is_retried_once_then_reported_and_the_others_go_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started = _fake_children(monkeypatch, fail={"b"})
+    evac = _evac(tmp_path, ["a", "b", "c"])
+    evac.run()
+    st = {v.name: v.status for v in evac.vms}
+    assert st == {"a": "done", "b": "failed", "c": "done"}
+    assert started.count("b") == 2 and started.count("a") == 1
+    b = next(v for v in evac.vms if v.name == "b")
+    assert b.attempts == 2 and b.reason == "boom" and len(b.tries) == 2
+    assert (tmp_path / "b.try2.json").exists()
+
+
+def test_max_time_cancels_and_nothing_queued_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started = _fake_children(monkeypatch, fail=set(), seconds=30)
+    evac = _evac(tmp_path, ["a", "b", "c", "d"], max_time=0.3)
+    t0 = __import__("time").monotonic()
+    evac.run()
+    assert __import__("time").monotonic() - t0 < 10  # the children got SIGINT
+    assert len(started) == 2  # max_parallel; the queued two never started
+    st = {v.name: v.status for v in evac.vms}
+    assert sorted(st.values()) == ["aborted"] * 4
+    assert "--max-time" in evac.cancelled
