@@ -129,7 +129,7 @@ def test_view_lines() -> None:
 
 
 class _NoConn:
-    def lookupByName(self, name: str) -> object:  # noqa: N802 - libvirt's name
+    def lookupByName(self, name: str) -> object:
         raise RuntimeError("no job")
 
 
