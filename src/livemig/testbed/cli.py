@@ -105,7 +105,7 @@ def _status(a: argparse.Namespace) -> int:
 
     st = topology.status()
     st["libvirt"] = {side: libvirtd.uri(side) if libvirtd.is_running(side) else None
-                     for side in libvirtd.SIDES}
+                     for side in libvirtd.ALL_SIDES}
     if a.json:
         print(json.dumps(st, indent=2))
         return 0
