@@ -79,11 +79,15 @@ def where(names: list[str]) -> dict[str, list[str]]:
     for side in ("src", "dst", "dst2"):
         if not libvirtd.is_running(side):
             continue
+        from livemig.virt.conn import libvirt_module
+
+        libvirt = libvirt_module()
         c = _conn(side)
         try:
-            for d in c.listAllDomains():
-                if d.name() in out and d.isActive():
-                    out[d.name()].append(side)
+            for d in c.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+                with contextlib.suppress(libvirt.libvirtError):  # gone since the list
+                    if d.name() in out and d.isActive():
+                        out[d.name()].append(side)
         finally:
             c.close()
     return out
