@@ -73,6 +73,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
      "bad link rate"),
     (["--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://b/system"], "--link RATE"),
     (["--to", "qemu+tcp://b/system"], "--connect"),
+    (["--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://b/system", "--domains", ","],
+     "--domains: no domain named"),
 ])
 def test_bad_input_is_one_line_exit_2(args: list[str], msg: str) -> None:
     p = _cli(*args)

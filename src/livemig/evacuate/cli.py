@@ -67,12 +67,12 @@ def register(sub: Any) -> None:
     e.set_defaults(func=cmd_evacuate)
 
 
-def _names(text: str | None) -> list[str] | None:
+def _names(text: str | None, option: str) -> list[str] | None:
     if text is None:
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
-        raise UsageError("--domains: no domain named")
+        raise UsageError(f"{option}: no domain named")
     return names
 
 
@@ -122,7 +122,8 @@ def cmd_evacuate(a: argparse.Namespace) -> int:
     from livemig.virt.conn import open_uri, testbed_side
 
     dsts = _check(a)
-    only, exclude = _names(a.domains), (_names(a.exclude) or []) if a.exclude else []
+    only = _names(a.domains, "--domains")
+    exclude = (_names(a.exclude, "--exclude") or []) if a.exclude else []
     testbed = all(testbed_side(u) is not None for u in [a.connect, *dsts])
     link = _link_bytes(a, testbed)
     separate = a.links == "separate" or (a.links == "auto" and testbed)
