@@ -151,3 +151,23 @@ def test_a_wrong_rule_fails_these_tests() -> None:
     a, b = busy("a", 36 * M), busy("b", 36 * M)
     plan = simulate([a, b], LINKS, policy=fixed(2))
     assert plan.overlap("a", "b") and plan.work_lost > 0.0
+
+
+def test_links_take_turns_so_none_idles() -> None:
+    """Three VMs for one destination, one for another, two at a time: the second
+    link's VM starts at once instead of waiting behind the first link's queue."""
+    fleet = [replace(idle(f"a{i}"), link="d1") for i in range(3)] + [
+        replace(idle("b0"), link="d2")]
+    acts = decide(Snapshot(0.0, tuple(VmState(f) for f in fleet),
+                           {"d1": LINK, "d2": LINK}, max_parallel=2))
+    assert sorted(a.name for a in acts) == ["a0", "b0"]
+
+
+def test_a_light_vm_with_much_to_send_is_not_starved_by_a_busy_reserve() -> None:
+    """Shares follow the remaining bytes, with each VM's reserve as a floor only."""
+    b = busy("b", 20 * M)  # reserve 50 MiB/s
+    big = replace(idle("i"), nonzero=400 * M, ratio=1.0)
+    acts = {a.name: a.bandwidth for a in decide(Snapshot(
+        0.0, (VmState(b), VmState(big)), LINKS))}
+    assert acts["b"] == reserve(b, LINK)
+    assert abs(acts["i"] - (LINK - reserve(b, LINK))) < 1.0

@@ -18,11 +18,11 @@ operator says they have their own):
   lengthen its throttle: guest harm) and nothing starts beside it;
 - the queue is sorted light before heavy, then by reserve, then by the time alone
   (shortest first: VMs leave the host soonest, the count of VMs left drops fastest);
-- queued VMs start in that order, without overtaking (no starvation), while the
-  reserves of the running ones plus its own fit in the link and fewer than
-  ``max_parallel`` migrations run;
-- the running VMs get their reserves, and what is left of the link in proportion to
-  their remaining wire bytes (so that a wave ends together and the link stays full);
+- queued VMs start in that order on each link, without overtaking (no starvation),
+  while the reserves of the running ones plus its own fit in the link and fewer than
+  ``max_parallel`` migrations run; the links take turns, least busy first;
+- the running VMs share the link in proportion to their remaining wire bytes (so
+  that a wave ends together and the link stays full), none below its reserve;
   a VM measured busier than planned gets its new reserve at once (re-plan), taken
   from the others' spare.
 """
@@ -137,46 +137,58 @@ def order_key(f: VmFacts, link: float) -> tuple[bool, float, float, str]:
 
 def decide(s: Snapshot) -> list[Action]:
     """What to start and which caps to change now."""
-    out: list[Action] = []
     running = [v for v in s.vms if v.status == MIGRATING]
+    mine = {ln: [v for v in running if v.facts.link == ln] for ln in s.links}
+    queues = {ln: sorted((v for v in s.vms if v.status == QUEUED and v.facts.link == ln),
+                         key=lambda v: order_key(v.facts, s.links[v.facts.link]))
+              for ln in s.links}
+    starting: dict[str, list[VmState]] = {ln: [] for ln in s.links}
+    used = {ln: sum(reserve(v.facts, s.links[ln]) for v in mine[ln]) for ln in s.links}
+    blocked = {ln for ln in s.links if any(heavy(v.facts, s.links[ln]) for v in mine[ln])}
     active = len(running)
-    for link_name, link in s.links.items():
-        mine = [v for v in running if v.facts.link == link_name]
-        queued = sorted((v for v in s.vms if v.status == QUEUED and v.facts.link == link_name),
-                        key=lambda v: order_key(v.facts, link))
-        starting: list[VmState] = []
-        if not any(heavy(v.facts, link) for v in mine):
-            used = sum(reserve(v.facts, link) for v in mine)
-            for v in queued:
-                if active >= s.max_parallel:
-                    break
-                if heavy(v.facts, link):
-                    if not mine and not starting:
-                        starting.append(v)
-                        active += 1
-                    break  # a heavy VM runs alone: nothing after it starts beside it
-                r = reserve(v.facts, link)
-                if used + r > link:
-                    break  # no overtaking: the next one waits for room
-                starting.append(v)
-                used += r
+    # the links take turns (the least busy link's head first, then the best head), so
+    # that one link's queue does not fill max_parallel while another link idles
+    while active < s.max_parallel:
+        heads = [(len(mine[ln]) + len(starting[ln]),
+                  order_key(queues[ln][0].facts, s.links[ln]), ln) for ln in s.links
+                 if queues[ln] and ln not in blocked]
+        if not heads:
+            break
+        _, _, ln = min(heads)
+        link, v = s.links[ln], queues[ln].pop(0)
+        if heavy(v.facts, link):
+            if not mine[ln] and not starting[ln]:
+                starting[ln].append(v)
                 active += 1
-        shares = split(link, [v.facts for v in mine + starting],
-                       {v.facts.name: _remaining_wire(v) for v in mine + starting})
-        for v in mine:
+            blocked.add(ln)  # a heavy VM runs alone: nothing after it starts beside it
+            continue
+        r = reserve(v.facts, link)
+        if used[ln] + r > link:
+            blocked.add(ln)  # no overtaking: the next one waits for room
+            continue
+        starting[ln].append(v)
+        used[ln] += r
+        active += 1
+    out: list[Action] = []
+    for ln, link in s.links.items():
+        group = mine[ln] + starting[ln]
+        shares = split(link, [v.facts for v in group],
+                       {v.facts.name: _remaining_wire(v) for v in group})
+        for v in mine[ln]:
             new = shares[v.facts.name]
             if v.bandwidth is None or abs(new - v.bandwidth) > CHANGE * v.bandwidth:
-                out.append(SetBandwidth(v.facts.name, new, _why(v.facts, new, link, len(shares))))
-        for v in starting:
+                out.append(SetBandwidth(v.facts.name, new, _why(v.facts, new, link, len(group))))
+        for v in starting[ln]:
             bw = shares[v.facts.name]
-            out.append(Start(v.facts.name, bw, _why(v.facts, bw, link, len(shares))))
+            out.append(Start(v.facts.name, bw, _why(v.facts, bw, link, len(group))))
     return out
 
 
 def split(link: float, vms: list[VmFacts], remaining: dict[str, float]) -> dict[str, float]:
-    """Each VM's reserve, plus the rest of the link in proportion to its remaining
-    wire bytes. A heavy VM among others (it turned busy while they ran) gets all but
-    the others' reserves."""
+    """The link in proportion to each VM's remaining wire bytes (so that they end
+    together and the link stays full), but never below a VM's reserve (water-filling:
+    a VM held at its reserve, the rest shared by the others in proportion). A heavy
+    VM among others (it turned busy while they ran) gets all but their reserves."""
     if not vms:
         return {}
     if len(vms) == 1:
@@ -193,10 +205,18 @@ def split(link: float, vms: list[VmFacts], remaining: dict[str, float]) -> dict[
     total_res = sum(res.values())
     if total_res >= link:
         return {n: link * r / total_res for n, r in res.items()}
-    spare = link - total_res
     weight = {n: max(remaining.get(n, 0.0), 1.0) for n in res}
-    wsum = sum(weight.values())
-    return {n: res[n] + spare * weight[n] / wsum for n in res}
+    held: dict[str, float] = {}
+    while True:
+        free = link - sum(held.values())
+        rest = [n for n in res if n not in held]
+        wsum = sum(weight[n] for n in rest)
+        out = {n: free * weight[n] / wsum for n in rest}
+        low = [n for n in rest if out[n] < res[n]]
+        if not low:
+            return {**held, **out}
+        for n in low:
+            held[n] = res[n]
 
 
 def _remaining_wire(v: VmState) -> float:
