@@ -6,8 +6,8 @@ all domains at once, so the whole fleet costs one ``DIRTY_CALC_S``). Page sampli
 errs high on small guests (64 pages looked at on 128 MiB: 31-43 MiB/s read for a
 12 MB/s writer), which only makes the plan cautious; dirty-bitmap mode (distinct
 pages, exact in principle) read 0 for every writer under TCG on this testbed, which
-would make the plan reckless, so it is not used), and a page sample (the same samplers as the engine's encoding
-choice, :func:`livemig.engine.adapt.sampler_for`: the patched QEMU's own, else
+would make the plan reckless, so it is not used), and a page sample (the same
+samplers as the engine's encoding choice, :func:`livemig.engine.adapt.sampler_for`: the patched QEMU's own, else
 libvirt's memory peek) for how much of its RAM is non-zero and how well its pages
 and their rewrites compress. Placement: largest VM first onto the destination with
 the most free memory left (``virNodeGetFreeMemory`` less what is already placed
