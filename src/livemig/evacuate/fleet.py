@@ -7,11 +7,11 @@ errs high on small guests (64 pages looked at on 128 MiB: 31-43 MiB/s read for a
 12 MB/s writer), which only makes the plan cautious; dirty-bitmap mode (distinct
 pages, exact in principle) read 0 for every writer under TCG on this testbed, which
 would make the plan reckless, so it is not used), and a page sample (the same
-samplers as the engine's encoding choice, :func:`livemig.engine.adapt.sampler_for`: the patched QEMU's own, else
-libvirt's memory peek) for how much of its RAM is non-zero and how well its pages
-and their rewrites compress. Placement: largest VM first onto the destination with
-the most free memory left (``virNodeGetFreeMemory`` less what is already placed
-there); a VM that fits nowhere stays and is reported.
+samplers as the engine's encoding choice, :func:`livemig.engine.adapt.sampler_for`:
+the patched QEMU's own, else libvirt's memory peek) for how much of its RAM is
+non-zero and how well its pages and their rewrites compress. Placement: see
+:func:`place` (``virNodeGetFreeMemory`` less what is already placed there); a VM
+that fits nowhere stays and is reported.
 """
 
 from __future__ import annotations
