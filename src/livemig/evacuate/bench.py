@@ -80,6 +80,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--count", type=int, default=5)
     ap.add_argument("--link", default="100mbit")
+    ap.add_argument("--only", help="these configurations only (comma-separated names)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -97,6 +98,8 @@ def main() -> int:
         try:
             for r in range(a.repeats):
                 for name, sched, profile, qemu in configs(a.count):
+                    if a.only and name not in a.only.split(","):
+                        continue
                     d = a.out / f"{name.replace(':', '-')}-{r}"
                     d.mkdir(parents=True, exist_ok=True)
                     rep = one(d, name, sched, profile, qemu, a.count)
