@@ -191,3 +191,9 @@ def test_max_time_cancels_and_nothing_queued_starts(
     st = {v.name: v.status for v in evac.vms}
     assert sorted(st.values()) == ["aborted"] * 4
     assert "--max-time" in evac.cancelled
+
+
+def test_progress_from_job_stats_shares_the_link_by_what_is_left() -> None:
+    assert run.progress({}) == 0.0
+    assert run.progress({"total": 100, "remaining": 25}) == 0.75
+    assert run.progress({"total": 100, "remaining": 500}) == 0.0

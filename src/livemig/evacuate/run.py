@@ -151,7 +151,7 @@ class Evacuation:
             status = v.status if v.status in (QUEUED, MIGRATING) else schedule.DONE
             if v.status == QUEUED and now < v.not_before:
                 status = schedule.DONE  # waits for its retry: not the scheduler's yet
-            states.append(VmState(v.facts, status, v.bandwidth))
+            states.append(VmState(v.facts, status, v.bandwidth, progress(v.live)))
         snap = schedule.Snapshot(now, tuple(states), self.o.links, self.o.max_parallel)
         by_name = {v.name: v for v in self.vms}
         n = self.o.fixed
@@ -247,6 +247,15 @@ class Evacuation:
             self.event("busier than measured", vm=v.name, dirty_rate=round(dirty),
                        measured=round(v.facts.dirty_rate))
             v.facts = replace(v.facts, dirty_rate=dirty)
+
+
+def progress(live: dict[str, Any]) -> float:
+    """Share of a running migration done, from the source's job statistics: the link
+    is shared by what each VM still has to send, not by what it had at the start."""
+    total = live.get("total") or 0
+    if not total:
+        return 0.0
+    return min(1.0, max(0.0, 1.0 - float(live.get("remaining") or 0) / total))
 
 
 def mib(bytes_per_s: float) -> int:
