@@ -21,7 +21,8 @@ def test_each_daemon_listens_on_its_migration_address_with_tls_and_tcp() -> None
     assert 'auth_tcp = "none"' in conf and "listen_tls = 1" in conf
     pki = libvirtd.tls_testbed.host_dir("dst")
     assert f'cert_file = "{pki / "server-cert.pem"}"' in conf
-    assert 'tls_allowed_dn_list = ["O=livemig,CN=lm-src", "O=livemig,CN=lm-dst"]' in conf
+    assert ('tls_allowed_dn_list = ["O=livemig,CN=lm-src", "O=livemig,CN=lm-dst", '
+            '"O=livemig,CN=lm-dst2"]') in conf  # dst2: testbed up --hosts 2
     assert 'host_uuid = "0f0e0d0c-0000-4000-8000-000000000002"' in conf
     q = libvirtd._qemu_conf("dst")
     assert 'migration_address = "10.77.0.2"' in q and 'migration_host = "10.77.0.2"' in q

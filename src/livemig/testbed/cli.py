@@ -25,10 +25,20 @@ def register(sub: Any) -> None:
     u.add_argument("--libvirt", action="store_true",
                    help="also start a libvirt daemon in each of src and dst (own "
                         "directories and host UUID; plain TCP without auth: a test lab)")
+    u.add_argument("--hosts", type=int, choices=(1, 2), default=1,
+                   help="destination hosts: 1 (dst) or 2 (dst and dst2, each with its own "
+                        "shaped link from src; for livemig evacuate) (default 1)")
     u.set_defaults(func=_up)
     lu = tsub.add_parser("libvirt-uri", help="print the connection URI of a host's "
                          "libvirt daemon (testbed up --libvirt)")
-    lu.add_argument("host", choices=("src", "dst"))
+    lu.add_argument("host", choices=("src", "dst", "dst2"))
+    fl = tsub.add_parser("fleet", help="define and start N small domains with mixed "
+                         "workloads on src's libvirt daemon (for livemig evacuate)")
+    fl.add_argument("--count", type=int, default=4, help="domains (default 4)")
+    fl.add_argument("--memory", default="160M", help="RAM per domain (default 160M)")
+    fl.add_argument("--prefix", default="fleet", help="domain names PREFIX-N (default fleet)")
+    fl.add_argument("--qemu", help="the domains' emulator (default: build/qemu's)")
+    fl.set_defaults(func=_fleet)
     lu.set_defaults(func=_libvirt_uri)
     d = tsub.add_parser("down", help="remove the hosts and everything in them "
                         "(also repairs what a crashed run left)")
@@ -53,7 +63,11 @@ def _up(a: argparse.Namespace) -> int:
             print(f"testbed already up; link now {a.link}")
         else:
             topology.up(link, owner="testbed up")
-            print(f"testbed up: hosts {', '.join(topology.HOSTS.values())}, link {a.link}")
+            print(f"testbed up: hosts "
+                  f"{', '.join(topology.HOSTS[h] for h in topology.BASE_HOSTS)}, link {a.link}")
+        if a.hosts == 2 and topology.add_dst2(link):
+            print(f"second destination {topology.HOSTS[topology.EXTRA_DST]}, its own link "
+                  f"{a.link} from src")
         if a.libvirt:
             from livemig.testbed import libvirtd
 
@@ -91,7 +105,7 @@ def _status(a: argparse.Namespace) -> int:
 
     st = topology.status()
     st["libvirt"] = {side: libvirtd.uri(side) if libvirtd.is_running(side) else None
-                     for side in libvirtd.SIDES}
+                     for side in libvirtd.ALL_SIDES}
     if a.json:
         print(json.dumps(st, indent=2))
         return 0
@@ -124,4 +138,22 @@ def _measure(a: argparse.Namespace) -> int:
     if bits:
         line += f", {100 * rate * 8 / bits:.0f}% of the configured {bits / 1e6:g} Mbit/s"
     print(line)
+    return 0
+
+
+def _fleet(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from livemig.evacuate import testfleet
+    from livemig.units import parse_size
+
+    ensure_root()
+    if a.count < 1:
+        print("livemig: error: --count must be at least 1", file=sys.stderr)
+        return 2
+    memory = parse_size(a.memory, "--memory")
+    names = testfleet.define(a.count, memory >> 20, a.prefix,
+                             Path(a.qemu) if a.qemu else None)
+    for name, workload in names.items():
+        print(f"{name}: {workload}")
     return 0

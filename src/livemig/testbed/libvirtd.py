@@ -54,6 +54,7 @@ from livemig.tls import creds, pki
 from livemig.tls import testbed as tls_testbed
 
 SIDES = ("src", "dst")
+ALL_SIDES = ("src", "dst", "dst2")  # dst2: the second destination (testbed up --hosts 2)
 TCP_PORT = 16509
 TLS_PORT = 16514  # libvirt's default for qemu+tls
 START_TIMEOUT = 30.0
@@ -129,7 +130,8 @@ def is_running(side: str) -> bool:
 
 def _libvirtd_conf(side: str, host_uuid: str) -> str:
     host_pki = tls_testbed.host_dir(side)
-    peers = ", ".join(f'"{creds.dn_string(pki.subject(topology.HOSTS[s]))}"' for s in SIDES)
+    peers = ", ".join(f'"{creds.dn_string(pki.subject(topology.HOSTS[s]))}"'
+                      for s in ALL_SIDES)
     return "\n".join([
         "# livemig testbed: TLS with the testbed's PKI; TEST LAB ONLY - plain TCP "
         "without authentication too",
@@ -249,7 +251,8 @@ def up() -> dict[str, str]:
         raise SetupError("the testbed is down (livemig testbed up --libvirt)")
     state = read_state()
     deadline = time.monotonic() + START_TIMEOUT
-    for side in SIDES:
+    sides = [*SIDES, *([topology.EXTRA_DST] if topology.has_dst2() else [])]
+    for side in sides:
         if is_running(side):
             continue
         host_uuid = str(uuid.uuid4())
@@ -267,9 +270,9 @@ def up() -> dict[str, str]:
                        "dir": str(d)}
     shared_dir().mkdir(parents=True, exist_ok=True)
     state_file().write_text(json.dumps(state, indent=2))
-    for side in SIDES:
+    for side in sides:
         _ensure_pool(side)
-    return {side: uri(side) for side in SIDES}
+    return {side: uri(side) for side in sides}
 
 
 def _ensure_pool(side: str) -> None:
@@ -336,7 +339,7 @@ def down() -> list[str]:
     the testbed's own daemons and domains: nothing else runs in these namespaces."""
     removed = []
     waiting: list[int] = []
-    for side in SIDES:
+    for side in ALL_SIDES:
         pid = daemon_pid(side)
         if pid is None:
             continue

@@ -33,8 +33,15 @@ from livemig import paths
 from livemig.errors import SetupError
 from livemig.testbed import netns
 
-HOSTS = {"src": "lm-src", "dst": "lm-dst", "client": "lm-client"}
-MIG_ADDR = {"src": "10.77.0.1", "dst": "10.77.0.2"}
+HOSTS = {"src": "lm-src", "dst": "lm-dst", "client": "lm-client", "dst2": "lm-dst2"}
+MIG_ADDR = {"src": "10.77.0.1", "dst": "10.77.0.2", "dst2": "10.77.2.3"}
+# the hosts every testbed has; dst2 (a second destination, for evacuations) only
+# with ``testbed up --hosts 2``: its own migration link from src (mig2 in lm-src,
+# 10.77.2.1 <-> 10.77.2.3, shaped like mig0) and its br0 on the guest network
+BASE_HOSTS = ("src", "dst", "client")
+EXTRA_DST = "dst2"
+EXTRA_SRC_ADDR = "10.77.2.1"
+EXTRA_MIG_IF = "mig2"  # its end in lm-src; in lm-dst2 it is mig0 like dst's
 MIG_PREFIX = 24
 GUEST_IP = "10.78.0.10"
 CLIENT_IP = "10.78.0.100"
@@ -68,7 +75,16 @@ class LinkShape:
 
 
 def is_up() -> bool:
-    return all(netns.exists(ns) for ns in HOSTS.values())
+    return all(netns.exists(HOSTS[h]) for h in BASE_HOSTS)
+
+
+def has_dst2() -> bool:
+    return netns.exists(HOSTS[EXTRA_DST])
+
+
+def destinations() -> list[str]:
+    """The destination hosts of the testbed as it is now."""
+    return ["dst", EXTRA_DST] if has_dst2() else ["dst"]
 
 
 def any_left() -> bool:
@@ -98,7 +114,7 @@ def up(link: int | None, owner: str) -> None:
 
 def _create(link: int | None) -> None:
     run = netns.run
-    for ns in HOSTS.values():
+    for ns in (HOSTS[h] for h in BASE_HOSTS):
         run("ip", "netns", "add", ns)
         run("ip", "link", "set", "lo", "up", ns=ns)
     src, dst, cli = HOSTS["src"], HOSTS["dst"], HOSTS["client"]
@@ -127,13 +143,57 @@ def _create(link: int | None) -> None:
 
 
 def set_link(link: int | None) -> None:
-    """Shape both directions of the migration link (None: unshaped)."""
-    for side in ("src", "dst"):
-        ns = HOSTS[side]
-        netns.run("tc", "qdisc", "del", "dev", MIG_IF, "root", ns=ns, check=False)
+    """Shape both directions of the migration link(s) (None: unshaped)."""
+    ends = [(HOSTS["src"], MIG_IF), (HOSTS["dst"], MIG_IF)]
+    if has_dst2():
+        ends += [(HOSTS["src"], EXTRA_MIG_IF), (HOSTS[EXTRA_DST], MIG_IF)]
+    for ns, dev in ends:
+        netns.run("tc", "qdisc", "del", "dev", dev, "root", ns=ns, check=False)
         if link is not None:
-            netns.run("tc", "qdisc", "add", "dev", MIG_IF, "root",
+            netns.run("tc", "qdisc", "add", "dev", dev, "root",
                       *LinkShape(link).tbf_args(), ns=ns)
+
+
+def add_dst2(link: int | None) -> bool:
+    """The second destination host on a running testbed (False: it exists already)."""
+    if has_dst2():
+        return False
+    run = netns.run
+    ns, src, cli = HOSTS[EXTRA_DST], HOSTS["src"], HOSTS["client"]
+    try:
+        run("ip", "netns", "add", ns)
+        run("ip", "link", "set", "lo", "up", ns=ns)
+        run("ip", "link", "add", EXTRA_MIG_IF, "netns", src, "type", "veth",
+            "peer", "name", MIG_IF, "netns", ns)
+        run("ip", "addr", "add", f"{EXTRA_SRC_ADDR}/{MIG_PREFIX}", "dev", EXTRA_MIG_IF, ns=src)
+        run("ip", "link", "set", EXTRA_MIG_IF, "up", ns=src)
+        run("ip", "addr", "add", f"{MIG_ADDR[EXTRA_DST]}/{MIG_PREFIX}", "dev", MIG_IF, ns=ns)
+        run("ip", "link", "set", MIG_IF, "up", ns=ns)
+        run("ip", "link", "add", "br0", "type", "bridge", "forward_delay", "0",
+            "stp_state", "0", ns=ns)
+        run("ip", "link", "set", "br0", "up", ns=ns)
+        run("ip", "link", "add", "up0", "netns", ns, "type", "veth",
+            "peer", "name", f"to-{EXTRA_DST}", "netns", cli)
+        run("ip", "link", "set", "up0", "master", "br0", "up", ns=ns)
+        run("ip", "link", "set", f"to-{EXTRA_DST}", "master", "br0", "up", ns=cli)
+        set_link(link)
+    except BaseException:
+        run("ip", "netns", "del", ns, check=False)
+        raise
+    return True
+
+
+def remove_dst2() -> None:
+    """The second destination gone again (its daemon first: libvirtd.down)."""
+    ns = HOSTS[EXTRA_DST]
+    if not netns.exists(ns):
+        return
+    for pid in (int(p) for p in netns.run("ip", "netns", "pids", ns, check=False).split()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    netns.run("ip", "netns", "del", ns, check=False)
+    netns.run("ip", "link", "del", EXTRA_MIG_IF, ns=HOSTS["src"], check=False)
+    netns.run("ip", "link", "del", f"to-{EXTRA_DST}", ns=HOSTS["client"], check=False)
 
 
 def down(quiet: bool = False) -> list[str]:
@@ -186,6 +246,8 @@ def _wait_gone(pids: list[int], timeout: float = 5.0) -> None:
 def status() -> dict[str, Any]:
     st: dict[str, Any] = {"up": is_up(), **read_state(), "hosts": {}}
     for name, ns in HOSTS.items():
+        if name not in BASE_HOSTS and not netns.exists(ns):
+            continue
         if not netns.exists(ns):
             st["hosts"][name] = None
             continue

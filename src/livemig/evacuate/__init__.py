@@ -1,0 +1,1 @@
+"""``livemig evacuate``: empty a libvirt host, scheduled against the shared link."""

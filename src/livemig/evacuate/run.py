@@ -1,0 +1,263 @@
+"""Running an evacuation: the scheduler's actions carried out, one child
+``livemig migrate --domain`` per VM.
+
+Each VM's migration is the existing entry point in a child process: its own guardian,
+journal, policies, verification and report (``DIR/<name>.json``, log
+``DIR/<name>.log``), so a crash of one cannot take the others or this process with it,
+and a ``kill -9`` of ``livemig evacuate`` leaves the children finishing (or, each with
+its guardian, leaving its guest on the source). This process reads the source
+domains' libvirt job statistics for the live view and the re-plan, and changes a
+running migration's cap with ``virDomainMigrateSetMaxSpeed``.
+
+Who owns the cap: the child is started with ``--bandwidth`` = its share; with the
+shared storage of a ``--storage shared`` evacuation none of the child's policies
+sets the RAM bandwidth (only the disk-share policy does, while a disk copy runs), so
+this process is the only one that changes it afterwards. With ``--storage copy`` the
+child's disk policy splits its own cap between the mirror and RAM: the caps are set
+at start only, never re-shared.
+
+Cancel (Ctrl-C, SIGTERM, ``--max-time``): SIGINT to every child (each aborts its
+libvirt job: its guest keeps running on the source), nothing queued starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from livemig.evacuate import schedule
+from livemig.evacuate.schedule import MIGRATING, QUEUED, VmFacts, VmState
+
+POLL_S = 0.5
+RETRY_DELAY_S = 2.0  # a failed VM waits this long before its second try
+ATTEMPTS = 2  # a failed migration is retried once
+ABORT_WAIT_S = 60.0  # children get this long to abort their jobs after a cancel
+DONE, FAILED, ABORTED, SKIPPED = "done", "failed", "aborted", "skipped"
+
+
+@dataclass
+class Vm:
+    facts: VmFacts
+    destination: str  # URI
+    status: str = QUEUED
+    attempts: int = 0
+    bandwidth: float | None = None
+    started: float | None = None  # seconds since the evacuation began
+    ended: float | None = None
+    not_before: float = 0.0
+    proc: subprocess.Popen[bytes] | None = None
+    live: dict[str, Any] = field(default_factory=dict)  # last jobStats view
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    tries: list[dict[str, Any]] = field(default_factory=list)
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.facts.name
+
+
+@dataclass
+class Options:
+    src_uri: str
+    profile: str
+    out: Path
+    links: dict[str, float]
+    max_parallel: int
+    max_time: float | None
+    storage: str = "shared"
+    sets: list[str] = field(default_factory=list)
+    quiet: bool = False
+    reshare: bool = True
+    unsafe: bool = False
+    # "livemig" (schedule.decide) or "fixed:N" (a baseline: N at a time in the given
+    # order, no caps, TCP splits the link: what Nova and KubeVirt do)
+    scheduler: str = "livemig"
+
+    @property
+    def fixed(self) -> int | None:
+        return int(self.scheduler.split(":", 1)[1]) if self.scheduler.startswith(
+            "fixed:") else None
+
+
+class Evacuation:
+    def __init__(self, opts: Options, vms: list[Vm], src_conn: Any,
+                 view: Any = None) -> None:
+        self.o = opts
+        self.vms = vms
+        self.conn = src_conn
+        self.view = view
+        self.cancelled = ""
+        self.t0 = time.monotonic()
+        self.events: list[dict[str, Any]] = []
+
+    def t(self) -> float:
+        return time.monotonic() - self.t0
+
+    def cancel(self, why: str) -> None:
+        if not self.cancelled:
+            self.cancelled = why
+            self.event("cancel", reason=why)
+            for v in self.vms:
+                if v.proc is not None and v.proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        v.proc.send_signal(signal.SIGINT)
+
+    def event(self, what: str, **kw: Any) -> None:
+        self.events.append({"t": round(self.t(), 3), "event": what, **kw})
+
+    def run(self) -> None:
+        self.o.out.mkdir(parents=True, exist_ok=True)
+        cancel_at = None
+        while True:
+            now = self.t()
+            if self.o.max_time is not None and now > self.o.max_time and not self.cancelled:
+                self.cancel(f"--max-time {self.o.max_time:g} s reached")
+                cancel_at = time.monotonic()
+            if self.cancelled and cancel_at is None:
+                cancel_at = time.monotonic()
+            for v in self.vms:
+                if v.status == MIGRATING:
+                    self._poll(v)
+            if not self.cancelled:
+                self._act(now)
+            if self.view is not None:
+                self.view.show(self)
+            running = [v for v in self.vms if v.status == MIGRATING]
+            waiting = [v for v in self.vms if v.status == QUEUED]
+            if not running and (not waiting or self.cancelled):
+                break
+            if cancel_at is not None and time.monotonic() - cancel_at > ABORT_WAIT_S:
+                for v in running:  # a child that ignores SIGINT: its guardian cleans up
+                    if v.proc is not None:
+                        v.proc.kill()
+            time.sleep(POLL_S)
+        for v in self.vms:
+            if v.status == QUEUED:
+                v.status = ABORTED if self.cancelled else SKIPPED
+                v.reason = self.cancelled or v.reason
+
+    def _act(self, now: float) -> None:
+        states = []
+        for v in self.vms:
+            status = v.status if v.status in (QUEUED, MIGRATING) else schedule.DONE
+            if v.status == QUEUED and now < v.not_before:
+                status = schedule.DONE  # waits for its retry: not the scheduler's yet
+            states.append(VmState(v.facts, status, v.bandwidth, progress(v.live)))
+        snap = schedule.Snapshot(now, tuple(states), self.o.links, self.o.max_parallel)
+        by_name = {v.name: v for v in self.vms}
+        n = self.o.fixed
+        for a in (schedule.decide(snap) if n is None else schedule.fixed(n)(snap)):
+            v = by_name[a.name]
+            if isinstance(a, schedule.Start):
+                self._start(v, a.bandwidth, a.reason)
+            elif self.o.reshare and n is None:
+                self._set_speed(v, a.bandwidth, a.reason)
+
+    def _start(self, v: Vm, bandwidth: float, reason: str) -> None:
+        v.attempts += 1
+        v.status, v.bandwidth = MIGRATING, bandwidth
+        if v.started is None:
+            v.started = self.t()
+        report = self.o.out / f"{v.name}{'' if v.attempts == 1 else f'.try{v.attempts}'}.json"
+        log = self.o.out / f"{v.name}.log"
+        cmd = [sys.executable, "-m", "livemig.cli", "migrate", "--domain", v.name,
+               "--connect", self.o.src_uri, "--to", v.destination,
+               "--profile", self.o.profile, "--storage", self.o.storage,
+               "--report", str(report), "-q"]
+        if self.o.fixed is None:
+            cmd += ["--bandwidth", f"{mib(bandwidth)}M"]
+        if self.o.unsafe:
+            cmd.append("--unsafe")
+        for s in self.o.sets:
+            cmd += ["--set", s]
+        if self.o.max_time is not None:
+            cmd += ["--max-time", f"{max(1.0, self.o.max_time - self.t() + 5):.0f}"]
+        with open(log, "ab") as f:
+            f.write(f"$ {' '.join(cmd)}\n".encode())
+            f.flush()
+            v.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
+                                      stderr=subprocess.STDOUT, start_new_session=True,
+                                      env=os.environ.copy())
+        v.tries.append({"attempt": v.attempts, "t": round(self.t(), 3), "report": str(report),
+                        "bandwidth": round(bandwidth)})
+        self.event("start", vm=v.name, attempt=v.attempts, destination=v.destination,
+                   bandwidth=round(bandwidth), reason=reason)
+
+    def _set_speed(self, v: Vm, bandwidth: float, reason: str) -> None:
+        try:
+            dom = self.conn.lookupByName(v.name)
+            dom.migrateSetMaxSpeed(mib(bandwidth), 0)
+        except Exception as e:  # the job may just have ended: keep going
+            self.event("bandwidth not changed", vm=v.name, error=" ".join(str(e).split()))
+            return
+        v.bandwidth = bandwidth
+        self.event("bandwidth", vm=v.name, bandwidth=round(bandwidth), reason=reason)
+
+    def _poll(self, v: Vm) -> None:
+        assert v.proc is not None
+        rc = v.proc.poll()
+        if rc is None:
+            self._live(v)
+            return
+        report = Path(v.tries[-1]["report"])
+        rep: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            rep = json.loads(report.read_text())
+        v.reports.append(rep)
+        v.tries[-1].update(exit=rc, outcome=rep.get("outcome"), end=round(self.t(), 3))
+        v.proc, v.live = None, {}
+        if rc == 0 and rep.get("outcome") == "completed":
+            v.status, v.ended = DONE, self.t()
+            self.event("verified", vm=v.name, ram=rep.get("consistency", {}).get("ram"))
+            return
+        v.reason = str(rep.get("reason") or f"livemig migrate exited {rc} (log "
+                       f"{self.o.out / (v.name + '.log')})")
+        if self.cancelled:
+            v.status, v.ended = ABORTED, self.t()
+        elif v.attempts < ATTEMPTS:
+            v.status, v.bandwidth, v.not_before = QUEUED, None, self.t() + RETRY_DELAY_S
+            self.event("retry", vm=v.name, reason=v.reason)
+        else:
+            v.status, v.ended = FAILED, self.t()
+            self.event("failed", vm=v.name, reason=v.reason)
+
+    def _live(self, v: Vm) -> None:
+        """The source's job statistics: the view, and a re-plan when the VM dirties
+        more than measured before."""
+        try:
+            stats = self.conn.lookupByName(v.name).jobStats()
+        except Exception:  # between jobs, or the domain just left
+            return
+        page = int(stats.get("memory_page_size") or 4096)
+        dirty = float(stats.get("memory_dirty_rate") or 0) * page
+        v.live = {"rounds": int(stats.get("memory_iteration") or 0),
+                  "remaining": int(stats.get("memory_remaining") or 0),
+                  "total": int(stats.get("memory_total") or 0),
+                  "bps": float(stats.get("memory_bps") or 0), "dirty": dirty}
+        if dirty > v.facts.dirty_rate * 1.2 and v.live["rounds"] >= 2:
+            self.event("busier than measured", vm=v.name, dirty_rate=round(dirty),
+                       measured=round(v.facts.dirty_rate))
+            v.facts = replace(v.facts, dirty_rate=dirty)
+
+
+def progress(live: dict[str, Any]) -> float:
+    """Share of a running migration done, from the source's job statistics: the link
+    is shared by what each VM still has to send, not by what it had at the start."""
+    total = live.get("total") or 0
+    if not total:
+        return 0.0
+    return min(1.0, max(0.0, 1.0 - float(live.get("remaining") or 0) / total))
+
+
+def mib(bytes_per_s: float) -> int:
+    """libvirt's cap is whole MiB/s: rounded up, never 0 (= unlimited)."""
+    return max(1, math.ceil(bytes_per_s / 2**20))

@@ -1,0 +1,91 @@
+"""A fleet of small domains on the testbed's source daemon (``livemig testbed fleet``).
+
+Mixed workloads, cycled: idle, a small-write busy guest (128 B rewrites in a hot
+set: what lz4 deltas are for), a whole-page writer, then idle again. Sized for this
+2-core TCG machine: 160 MiB each by default, writers at a few MiB/s (each guest's
+vCPU is a host thread; four writers flat out would starve the migrations). Each
+domain has its own MAC and guest address (10.78.0.20 + i) and a small raw disk on the
+lab's shared storage, so ``livemig evacuate`` needs no disk copy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from livemig import paths
+from livemig.errors import SetupError
+from livemig.testbed import libvirtd, topology
+
+WORKLOADS = (
+    "idle",
+    "mem:size=64M,rate=6M,hot=80/10,touch=128",
+    "mem:size=64M,rate=12M",
+)
+DISK_BYTES = 16 << 20
+FIRST_HOST_OCTET = 20
+
+
+def workload(i: int) -> str:
+    return WORKLOADS[i % len(WORKLOADS)]
+
+
+def domain_xml(name: str, i: int, memory_mib: int, emulator: Path, disk: Path) -> str:
+    from livemig.virt.domain import lab_domain_xml
+
+    xml = lab_domain_xml(name, emulator, paths.guest_kernel(), paths.guest_initrd(),
+                         str(disk), memory_mib=memory_mib, workload=workload(i))
+    ip = f"10.78.0.{FIRST_HOST_OCTET + i}"
+    mac = f"52:54:00:4c:4e:{FIRST_HOST_OCTET + i:02x}"
+    return xml.replace(f"livemig.ip={topology.GUEST_IP}/", f"livemig.ip={ip}/").replace(
+        topology.GUEST_MAC, mac)
+
+
+def define(count: int, memory_mib: int, prefix: str = "fleet",
+           emulator: Path | None = None) -> dict[str, str]:
+    """Define and start ``count`` domains on src; their names and workloads."""
+    from livemig.virt.conn import libvirt_module, message
+
+    if not libvirtd.is_running("src"):
+        raise SetupError("no libvirt daemon on src (livemig testbed up --libvirt)")
+    emulator = emulator or paths.default_qemu()
+    if not emulator.exists():
+        raise SetupError(f"no QEMU at {emulator}")
+    libvirt = libvirt_module()
+    conn = libvirt.open(libvirtd.local_uri("src"))
+    out: dict[str, str] = {}
+    try:
+        for i in range(count):
+            name = f"{prefix}-{i}"
+            disk = libvirtd.shared_dir() / f"{name}.img"
+            with open(disk, "wb") as f:
+                f.truncate(DISK_BYTES)
+            try:
+                conn.defineXML(domain_xml(name, i, memory_mib, emulator, disk)).create()
+            except libvirt.libvirtError as e:
+                raise SetupError(f"domain {name}: {message(e)}") from None
+            out[name] = workload(i)
+    finally:
+        conn.close()
+    return out
+
+
+def remove(names: list[str]) -> None:
+    """Destroy and undefine these domains wherever they are (tests' cleanup)."""
+    from livemig.virt.conn import libvirt_module
+
+    libvirt = libvirt_module()
+    for side in libvirtd.ALL_SIDES:
+        if not libvirtd.is_running(side):
+            continue
+        conn = libvirt.open(libvirtd.local_uri(side))
+        try:
+            for d in conn.listAllDomains():
+                if d.name() in names:
+                    if d.isActive():
+                        d.destroy()
+                    if d.isPersistent():
+                        d.undefine()
+        finally:
+            conn.close()
+    for n in names:
+        (libvirtd.shared_dir() / f"{n}.img").unlink(missing_ok=True)

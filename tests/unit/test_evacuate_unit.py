@@ -1,0 +1,199 @@
+"""Evacuation pieces without a VM: selection, placement, facts from a sample, the
+CLI's one-line errors, the report's totals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from livemig.errors import UsageError
+from livemig.evacuate import fleet, report, run, view
+from livemig.evacuate.schedule import SHARED_LINK, VmFacts, simulate
+from livemig.policy.encoding import Codec, Sample
+
+M = 2**20
+
+
+def test_select_domains_and_exclude() -> None:
+    names = ["a", "b", "c"]
+    assert fleet.select(names, None, []) == names
+    assert fleet.select(names, ["c", "a"], ["a"]) == ["c"]
+    with pytest.raises(UsageError, match="zz"):
+        fleet.select(names, ["a", "zz"], [])
+
+
+def test_place_by_free_memory_largest_first() -> None:
+    vms = [VmFacts("big", 4096 * M, 1, 0), VmFacts("s1", 512 * M, 1, 0),
+           VmFacts("s2", 512 * M, 1, 0)]
+    where, nowhere = fleet.place(vms, {"d1": 5000 * M, "d2": 2000 * M}, False)
+    assert where["big"] == "d1" and nowhere == []
+    assert {where["s1"], where["s2"]} == {"d2"}  # d1 has 600 MiB left: less than d2
+    where, nowhere = fleet.place(vms, {"d1": 1000 * M}, False)
+    assert nowhere == ["big", "s2"] and set(where) == {"s1"}  # s2 no longer fits either
+
+
+def test_with_links() -> None:
+    vms = [VmFacts("a", M, 1, 0)]
+    assert fleet.with_links(vms, {"a": "d1"}, True)[0].link == "d1"
+    assert fleet.with_links(vms, {"a": "d1"}, False)[0].link == SHARED_LINK
+    assert fleet.with_links(vms, {}, True) == []
+
+
+def test_facts_from_a_sample_and_without() -> None:
+    s = Sample(looked=100, nonzero=25, kept=25, rewritten=5, interval=0.5,
+               first={"zstd": Codec(3.0, 1e8), "plain": Codec(1.0, 1e9)},
+               delta={"lz4": Codec(20.0, 1e9)})
+    f = fleet.facts_from("a", 1000, 7.0, s)
+    assert (f.nonzero, f.ratio, f.resend_ratio, f.dirty_rate) == (250, 3.0, 20.0, 7.0)
+    g = fleet.facts_from("a", 1000, 7.0, None)
+    assert (g.nonzero, g.ratio, g.resend_ratio) == (1000, 1.0, 1.0)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "livemig.cli", "evacuate", *args],
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--connect", "nope", "--to", "qemu+tcp://b/system"], "not a libvirt URI"),
+    (["--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://a/system"], "source host"),
+    (["--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://b/system,qemu+tcp://b/system"],
+     "twice"),
+    (["--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://b/system", "--max-time", "0"],
+     "--max-time"),
+    (["--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://b/system",
+      "--max-parallel", "0"], "--max-parallel"),
+    (["--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://b/system",
+      "--scheduler", "fixed:x"], "--scheduler"),
+    (["--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://b/system", "--link", "fast"],
+     "bad link rate"),
+    (["--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://b/system"], "--link RATE"),
+    (["--to", "qemu+tcp://b/system"], "--connect"),
+    (["--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://b/system", "--domains", ","],
+     "--domains: no domain named"),
+])
+def test_bad_input_is_one_line_exit_2(args: list[str], msg: str) -> None:
+    p = _cli(*args)
+    assert p.returncode == 2, p.stderr
+    assert msg in p.stderr and p.stderr.strip().count("\n") == 0, p.stderr
+
+
+def test_report_file_not_dir(tmp_path: Path) -> None:
+    f = tmp_path / "x"
+    f.write_text("")
+    p = _cli("--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://b/system",
+             "--report", str(f))
+    assert p.returncode == 2 and "is a file" in p.stderr
+
+
+def _vm(name: str, status: str, rep: dict[str, object] | None = None) -> run.Vm:
+    v = run.Vm(VmFacts(name, 128 * M, 64 * M, 0.0), "qemu+tcp://10.77.0.2/system",
+               status=status, attempts=1, started=0.0, ended=5.0 if status == "done" else None)
+    if rep is not None:
+        v.reports.append(rep)
+        v.tries.append({"attempt": 1, "t": 0.0, "end": 5.0})
+    return v
+
+
+def test_report_totals_and_chart(tmp_path: Path) -> None:
+    ok = {"outcome": "completed", "downtime_ms": 120, "ram_transferred_bytes": 10 * M,
+          "consistency": {"ram": "ok"}}
+    bad = {"outcome": "failed", "ram_transferred_bytes": 3 * M, "consistency": {}}
+    vms = [_vm("a", "done", ok), _vm("b", "failed", bad)]
+    evac = SimpleNamespace(vms=vms, cancelled="", events=[],
+                           o=SimpleNamespace(links={SHARED_LINK: 100 * M}, max_parallel=3))
+    plan = simulate([v.facts for v in vms], {SHARED_LINK: 100 * M})
+    rep = report.build(evac, plan, {}, [], 6.0)
+    assert rep["outcome"] == "incomplete" and rep["time_to_empty_s"] is None
+    assert rep["bytes"] == 13 * M and rep["longest_pause_ms"] == 120
+    assert rep["failures"] == ["b"] and rep["left_on_source"] == ["b"]
+    assert rep["verified"] == 1
+    path = report.chart(rep, tmp_path)
+    assert path is not None and path.stat().st_size > 0
+    vms[1].status, vms[1].ended = "done", 5.5
+    vms[1].reports[-1] = ok
+    rep = report.build(evac, plan, {}, [], 6.0)
+    assert rep["outcome"] == "emptied" and rep["time_to_empty_s"] == 5.5
+
+
+def test_view_lines() -> None:
+    v = _vm("a", "migrating")
+    v.live = {"rounds": 3, "remaining": 4 * M, "total": 128 * M, "bps": 2 * M}
+    v.bandwidth = 50 * M
+    line = view.vm_line(v, 1.0)
+    assert "round 3" in line and "ETA 2 s" in line and "10.77.0.2" in line
+    host = view.host_line([v, _vm("b", "queued")], {SHARED_LINK: 100 * M}, 1.0)
+    assert "2 of 2 VMs left" in host and "ETA to empty" in host
+
+
+class _NoConn:
+    def lookupByName(self, name: str) -> object:
+        raise RuntimeError("no job")
+
+
+def _fake_children(monkeypatch: pytest.MonkeyPatch, fail: set[str],
+                   seconds: float = 0.0) -> list[str]:
+    """Children that write a report (failed for ``fail``) instead of migrating."""
+    import json
+
+    started: list[str] = []
+    real = subprocess.Popen
+
+    def popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        name = cmd[cmd.index("--domain") + 1]
+        report = Path(cmd[cmd.index("--report") + 1])
+        started.append(name)
+        ok = name not in fail
+        report.write_text(json.dumps({"outcome": "completed" if ok else "failed",
+                                      "reason": None if ok else "boom",
+                                      "consistency": {"ram": "ok" if ok else None},
+                                      "ram_transferred_bytes": M, "downtime_ms": 50}))
+        return real(["sleep", str(seconds)] if ok or seconds else ["false"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    monkeypatch.setattr(run.subprocess, "Popen", popen)
+    monkeypatch.setattr(run, "POLL_S", 0.05)
+    monkeypatch.setattr(run, "RETRY_DELAY_S", 0.1)
+    return started
+
+
+def _evac(tmp_path: Path, names: list[str], max_time: float | None = None) -> run.Evacuation:
+    vms = [run.Vm(VmFacts(n, 128 * M, 32 * M, 0.0), "qemu+tcp://d/system") for n in names]
+    opts = run.Options(src_uri="qemu+tcp://s/system", profile="livemig", out=tmp_path,
+                       links={SHARED_LINK: 100 * M}, max_parallel=2, max_time=max_time)
+    return run.Evacuation(opts, vms, _NoConn())
+
+
+def test_a_failed_vm_is_retried_once_then_reported_and_the_others_go_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started = _fake_children(monkeypatch, fail={"b"})
+    evac = _evac(tmp_path, ["a", "b", "c"])
+    evac.run()
+    st = {v.name: v.status for v in evac.vms}
+    assert st == {"a": "done", "b": "failed", "c": "done"}
+    assert started.count("b") == 2 and started.count("a") == 1
+    b = next(v for v in evac.vms if v.name == "b")
+    assert b.attempts == 2 and b.reason == "boom" and len(b.tries) == 2
+    assert (tmp_path / "b.try2.json").exists()
+
+
+def test_max_time_cancels_and_nothing_queued_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started = _fake_children(monkeypatch, fail=set(), seconds=30)
+    evac = _evac(tmp_path, ["a", "b", "c", "d"], max_time=0.3)
+    t0 = __import__("time").monotonic()
+    evac.run()
+    assert __import__("time").monotonic() - t0 < 10  # the children got SIGINT
+    assert len(started) == 2  # max_parallel; the queued two never started
+    st = {v.name: v.status for v in evac.vms}
+    assert sorted(st.values()) == ["aborted"] * 4
+    assert "--max-time" in evac.cancelled
+
+
+def test_progress_from_job_stats_shares_the_link_by_what_is_left() -> None:
+    assert run.progress({}) == 0.0
+    assert run.progress({"total": 100, "remaining": 25}) == 0.75
+    assert run.progress({"total": 100, "remaining": 500}) == 0.0
