@@ -192,6 +192,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from livemig.tls.cli import register as register_pki
 
     register_pki(sub)
+    from livemig.soak.cli import register as register_soak
+
+    register_soak(sub)
     return p
 
 
