@@ -96,8 +96,8 @@ def read(path: Path, *, repair: bool = False) -> list[dict[str, Any]]:
             good += len(line) + 1
             continue
         try:
-            e = json.loads(line)
-            if not isinstance(e, dict) or not isinstance(e.get("hop"), int):
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or not isinstance(rec.get("hop"), int):
                 raise ValueError("not a hop")
         except ValueError:
             last = i == len(lines) - 1  # no newline after it: cut short mid-write
@@ -108,7 +108,7 @@ def read(path: Path, *, repair: bool = False) -> list[dict[str, Any]]:
             if last:
                 break
             raise UsageError(f"ledger {path}: line {i + 1} is not a hop record") from None
-        out.append(e)
+        out.append(rec)
         good += len(line) + 1
     return out
 

@@ -77,8 +77,8 @@ class Soak:
                 fault = Fault(kind, n * FAULT_STRIDE) if kind else None
                 hop = await sh.hop(n, combo.name, combo.combination(), fault)
                 if sh.interrupted and hop.report.get("outcome") == "aborted":
-                    self.say(f"interrupted during hop {n}: not written; the guest ran on "
-                             f"on {hop.src}")
+                    self.say(f"interrupted during hop {n}: not written (the guest "
+                             f"runs on, on {hop.src})")
                     break
                 e = ledger.entry(hop, combo, sh.id, kind)
                 self.book.append(e)
