@@ -53,7 +53,9 @@ class Combination:
 @dataclass(frozen=True)
 class ShuttleConfig:
     memory: int
-    workload: str  # the guest's first load (later ones: Shuttle.set_load)
+    # the guest's boot load: it also fixes the guest's devices (a disk when it has a
+    # disk item or the checker's disk) for the session; later loads: Shuttle.set_load
+    workload: str
     qemu: Path
     accel: str
     accel_reason: str
@@ -107,7 +109,8 @@ class Shuttle:
         self.current: LabRun | None = None
         self.running: Running | None = None
         self.images: tuple[Path, Path] | None = None
-        self.workload: Workload = parse_workload(cfg.workload)
+        self.boot: Workload = parse_workload(cfg.workload)
+        self.workload: Workload = self.boot  # the load the guest runs now
 
     def interrupt(self) -> None:
         """Ctrl-C: abort the hop under way (its source runs on) and start no other."""
@@ -138,7 +141,7 @@ class Shuttle:
                     topology.down(quiet=True)
 
     def _make_images(self, image_size: int) -> None:
-        w = self.workload
+        w = self.boot
         size = max(MIN_IMAGE, image_size, *(d.size or 0 for d in w.disk),
                    w.verify.disk if w.verify else 0)
         private.make_dir(self.dir)
@@ -148,11 +151,16 @@ class Shuttle:
                 f.truncate(size)
 
     async def set_load(self, text: str) -> None:
-        """Change the running guest's load (the agent restarts its workload, checker too)."""
+        """Change the running guest's load (the agent restarts its workload, checker too).
+
+        The guest's devices stay those of its boot load: a load that writes to a disk
+        needs a boot load with one."""
         spec = parse_workload(text)
-        if self.running is None:  # the next hop boots the guest with it
-            self.workload = spec
-            return
+        if self.running is None:
+            raise VMError("no guest runs yet: its first load is the boot load")
+        if (spec.disk or (spec.verify and spec.verify.disk)) and not (
+                self.boot.disk or (self.boot.verify and self.boot.verify.disk)):
+            raise VMError(f"load {spec.text!r} needs a disk the guest was booted without")
         agent = self.running.agent
         agent.ready.clear()
         n_err = len(agent.errors)
@@ -175,7 +183,7 @@ class Shuttle:
                   checker=self.workload.verify is not None)
         faults = [fault] if fault is not None else []
         mopts = MigrateOptions(
-            workload=self.workload, memory=self.cfg.memory, vcpus=1, bandwidth=c.bandwidth,
+            workload=self.boot, memory=self.cfg.memory, vcpus=1, bandwidth=c.bandwidth,
             profile=c.profile,
             wanted=merge(c.profile, {"warmup": f"{self.cfg.warmup:g}",
                                      "settle": f"{self.cfg.settle:g}", **c.sets}),
@@ -196,16 +204,10 @@ class Shuttle:
         hop.t0 = mig.t0
         hop.report = mig.report()
         hop.injected = list(mig.injected)
-        handed = mig.handed_over()
-        if handed is not None:
-            self.running = handed
-        elif self.running is not None and not self.running.vm.alive():
-            self.running = None
-        elif mig.src is not None and mig.src.alive() and mig.src_agent is not None:
-            # failed before the switchover: the source runs on where it was
-            self.running = Running(mig.src, mig.src_agent, hop.src, mig._src_image)
-        else:
-            self.running = None
+        # completed: the destination; failed or aborted: the source runs on where it was
+        self.running = mig.handed_over() or mig.source_kept()
+        if self.running is None:  # the next guest boots with the boot load
+            self.workload = self.boot
         hop.guest_lost = self.running is None
         await self._tally(hop)
         hop.wall_s = time.monotonic() - t_start

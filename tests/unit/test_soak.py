@@ -300,3 +300,12 @@ def test_cli_refuses_an_existing_ledger_without_resume(tmp_path):
     p.write_text("garbage\n" + json.dumps(_entry(2)) + "\n")
     r = _cli("--ledger", str(p), "--resume", "--hops", "1")
     assert r.returncode == 2 and "line 1 is not a hop record" in r.stderr
+
+
+def test_boot_load_always_has_the_disk():
+    C = combos.COMBOS
+    assert combos.boot_load(C["idle-plain"]) == combos.CHECKER
+    assert combos.boot_load(C["disk-copy"]) == C["disk-copy"].workload
+    for c in C.values():
+        w = parse_workload(combos.boot_load(c))
+        assert w.verify is not None and w.verify.disk

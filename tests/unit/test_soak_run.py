@@ -25,6 +25,8 @@ class FakeShuttle:
         self.id = prefix + "fake"
         self.interrupted = False
         self.workload = parse_workload(cfg.workload)
+        self.boot_text = cfg.workload
+        self.running: object | None = None
         self.loads: list[str] = []
         self.host = "src"
         FakeShuttle.last = self  # type: ignore[attr-defined]
@@ -57,6 +59,7 @@ class FakeShuttle:
             h.detected_by_host = 1
             h.detected_by_guest = 0 if what == "miss" else 1
         h.guest_lost = what == "lost"
+        self.running = None if h.guest_lost else object()
         if outcome == "completed":
             self.host = dst
         return h
@@ -91,7 +94,7 @@ def test_clean_soak_writes_every_hop_and_exits_0(fake, tmp_path):
         None, None, "ram-stamped", None, None, "disk-stamped"]
     assert all(e["fault"]["caught"] for e in es if e["fault"])
     disk, checker = "verify:mem=32M,disk=16M+disk:bs=8K,rate=1M", "verify:mem=32M,disk=16M"
-    assert fake.last.workload.text != "idle"  # booted with the first hop's load
+    assert fake.last.boot_text == "verify:mem=32M,disk=16M"  # the first hop's load
     assert fake.last.loads == [disk, checker, disk, checker, disk]  # changed between hops
 
 
@@ -152,3 +155,12 @@ def test_duration_bounds_the_soak(fake, tmp_path, monkeypatch):
     assert len(ledger.read(p)) == 3
 
 
+
+
+def test_a_soak_starting_on_a_diskless_load_boots_with_the_checker(fake, tmp_path):
+    p = tmp_path / "l.jsonl"
+    assert _exit(_opts(p, hops=3, names=["idle-plain", "disk-copy"])) == 0
+    assert fake.last.boot_text == "verify:mem=32M,disk=16M"  # the disk every load needs
+    es = ledger.read(p)
+    assert es[0]["combination"] == "idle-plain" and es[0]["load"] == "verify:mem=32M,disk=16M"
+    assert es[2]["load"] == "idle"  # from then on, the combination's own load

@@ -152,6 +152,16 @@ def fault_due(every: int | None, hops_since_fault: int, combo: SoakCombo) -> str
     return combo.fault_kind
 
 
+def boot_load(first: SoakCombo) -> str:
+    """The load the guest boots with: the first hop's, unless it has no disk.
+
+    The guest's devices are fixed at boot, and every other load needs the disk, so a
+    soak that starts (or resumes) on a diskless load boots with the checker alone; the
+    ledger records the load that hop really ran."""
+    w = parse_workload(first.workload)
+    return first.workload if w.disk or (w.verify and w.verify.disk) else CHECKER
+
+
 def memory_needed() -> int:
     """The largest load's memory (the guest is sized once, for every load)."""
     return max(parse_workload(t).mem_bytes for t in LOADS.values())

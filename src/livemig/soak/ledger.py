@@ -25,8 +25,10 @@ from livemig.soak.combos import SoakCombo
 VERSION = 1
 
 
-def entry(hop: Hop, combo: SoakCombo, run_id: str, fault_kind: str | None) -> dict[str, Any]:
-    """The ledger line of one hop."""
+def entry(hop: Hop, combo: SoakCombo, run_id: str, fault_kind: str | None,
+          load: str | None = None) -> dict[str, Any]:
+    """The ledger line of one hop; ``load``: the workload the guest ran (the
+    combination's, except when the hop booted the guest with the boot load)."""
     d = hop.as_dict()
     fault = None
     if fault_kind is not None:
@@ -45,6 +47,7 @@ def entry(hop: Hop, combo: SoakCombo, run_id: str, fault_kind: str | None) -> di
                     "network_pause_ms": d["network_pause_ms"],
                     "hop_wall_s": round(hop.wall_s, 3)},
         "fault": fault, "mismatches": hop.unexplained, "guest_lost": hop.guest_lost,
+        "load": load if load is not None else combo.workload,
     }
 
 

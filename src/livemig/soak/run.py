@@ -9,6 +9,7 @@ guest, which livemig booted, is shut down at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,11 +49,14 @@ class Soak:
     def __init__(self, opts: SoakOptions, say: Callable[[str], None]) -> None:
         self.opts = opts
         self.say = say
-        self.shuttle = Shuttle(opts.shuttle, prefix="s")
+        self.shuttle: Shuttle | None = None
         self.book = ledger.Ledger(opts.ledger)
+        self.interrupted = False
 
     def interrupt(self) -> None:
-        self.shuttle.interrupt()
+        self.interrupted = True
+        if self.shuttle is not None:
+            self.shuttle.interrupt()
 
     async def run(self) -> Outcome:
         o = self.opts
@@ -61,7 +65,10 @@ class Soak:
         since_fault = st.hops_since_fault
         t_end = time.monotonic() + o.duration if o.duration else None
         first = combos.for_hop(o.names, out.first_hop)
-        self.shuttle.workload = parse_workload(first.workload)
+        boot = combos.boot_load(first)
+        self.shuttle = Shuttle(dataclasses.replace(o.shuttle, workload=boot), prefix="s")
+        if self.interrupted:
+            return out
         async with self.shuttle.session(self.say) as sh:
             n = out.first_hop
             while not sh.interrupted:
@@ -70,17 +77,19 @@ class Soak:
                 if t_end is not None and time.monotonic() >= t_end:
                     break
                 combo = combos.for_hop(o.names, n)
-                if sh.workload.text != parse_workload(combo.workload).text:
+                if sh.running is not None and \
+                        sh.workload.text != parse_workload(combo.workload).text:
                     self.say(f"load {combo.load}: {combo.workload}")
                     await sh.set_load(combo.workload)
                 kind = combos.fault_due(o.inject_every, since_fault, combo)
                 fault = Fault(kind, n * FAULT_STRIDE) if kind else None
+                ran = sh.workload.text  # the boot load, when this hop boots the guest
                 hop = await sh.hop(n, combo.name, combo.combination(), fault)
                 if sh.interrupted and hop.report.get("outcome") == "aborted":
                     self.say(f"interrupted during hop {n}: not written (the guest "
                              f"runs on, on {hop.src})")
                     break
-                e = ledger.entry(hop, combo, sh.id, kind)
+                e = ledger.entry(hop, combo, sh.id, kind, ran)
                 self.book.append(e)
                 out.hops += 1
                 since_fault = 0 if kind else since_fault + 1
@@ -97,5 +106,5 @@ class Soak:
                     out.lost = True
                     break
                 n += 1
-        out.interrupted = self.shuttle.interrupted
+        out.interrupted = self.interrupted or sh.interrupted
         return out
