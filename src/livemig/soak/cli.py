@@ -141,7 +141,8 @@ def _run(opts: Any) -> int:
 
     out = asyncio.run(go())
     print(f"hops             {out.hops} (hops {out.first_hop}.."
-          f"{out.first_hop + out.hops - 1}), {out.failed} failed, {out.bad} bad")
+          f"{out.first_hop + out.hops - 1}), {out.ok} ok, {out.failed} failed, {out.bad} bad; "
+          f"faults caught {out.caught}/{out.faults}")
     print(f"ledger           {opts.ledger}")
     if out.bad:
         return EXIT_MISMATCH

@@ -43,6 +43,9 @@ class Outcome:
     lost: bool = False
     interrupted: bool = False
     first_hop: int = 0
+    ok: int = 0
+    faults: int = 0
+    caught: int = 0
 
 
 class Soak:
@@ -93,9 +96,14 @@ class Soak:
                 self.book.append(e)
                 out.hops += 1
                 since_fault = 0 if kind else since_fault + 1
-                total = out.first_hop - 1 + o.hops if o.hops else None
-                self.say(hop_line(hop, total) + f"  [{hop.wall_s:.0f}s]")
                 problems = ledger.bad(e)
+                out.ok += not problems and e["outcome"] == "completed"
+                if e["fault"]:
+                    out.faults += 1
+                    out.caught += bool(e["fault"]["caught"])
+                total = out.first_hop - 1 + o.hops if o.hops else None
+                self.say(hop_line(hop, total) + f"  [{hop.wall_s:.0f}s; {out.ok}/{out.hops} "
+                         f"ok, faults caught {out.caught}/{out.faults}]")
                 if e["outcome"] != "completed":
                     out.failed += 1
                 if e["mismatches"] or e["guest_lost"] or (e["fault"] and
