@@ -91,7 +91,7 @@ def _hop(index: int = 1, *, ram: str = "ok", injected: list[dict[str, Any]] | No
          lost: bool = False) -> Hop:
     h = Hop(index, "checker-plain", "src", "dst", guest_lost=lost, wall_s=9.5)
     h.report = {"outcome": outcome, "reason": None, "total_time_s": 2.5,
-                "guest_pause_ms": 40.0, "network_pause_ms": 50.0,
+                "downtime_ms": 35.0, "guest_pause_ms": 40.0, "network_pause_ms": 50.0,
                 "consistency": {"ram": ram, "disk": "skipped", "guest": "ok",
                                 "ram_detail": {"first_mismatches": first or [],
                                                "mismatched_pages": n_ram}}}
@@ -150,8 +150,8 @@ def test_ledger_line_has_every_field():
     assert e["features"]["storage"] == "copy" and e["features"]["load"] == "disk-writes"
     assert (e["from"], e["to"]) == ("src", "dst")
     assert e["verdicts"] == {"ram": "ok", "disk": "skipped", "checker": "ok"}
-    assert e["timings"] == {"total_s": 2.5, "downtime_ms": 40.0, "network_pause_ms": 50.0,
-                            "hop_wall_s": 9.5}
+    assert e["timings"] == {"total_s": 2.5, "downtime_ms": 35.0, "guest_pause_ms": 40.0,
+                            "network_pause_ms": 50.0, "hop_wall_s": 9.5}
     assert e["fault"] is None and e["guest_lost"] is False and e["time"].endswith("Z")
     json.dumps(e)
 

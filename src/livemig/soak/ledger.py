@@ -43,7 +43,9 @@ def entry(hop: Hop, combo: SoakCombo, run_id: str, fault_kind: str | None,
         "run": run_id, "combination": combo.name, "features": combo.features(),
         "from": hop.src, "to": hop.dst, "outcome": d["outcome"], "reason": d["reason"],
         "verdicts": {"ram": d["ram"], "disk": d["disk"], "checker": d["guest"]},
-        "timings": {"total_s": d["total_time_s"], "downtime_ms": d["guest_pause_ms"],
+        "timings": {"total_s": d["total_time_s"],
+                    "downtime_ms": hop.report.get("downtime_ms"),  # QEMU's
+                    "guest_pause_ms": d["guest_pause_ms"],  # the agent's heartbeat gap
                     "network_pause_ms": d["network_pause_ms"],
                     "hop_wall_s": round(hop.wall_s, 3)},
         "fault": fault, "mismatches": hop.unexplained, "guest_lost": hop.guest_lost,

@@ -2,7 +2,8 @@
 
 Columns: hops, ok (completed, every verdict ok or explained by the injected fault, no
 guest lost), mismatches (unexplained), guests lost, faults injected/caught, and the
-median downtime (the guest-visible pause) and total migration time.
+median guest-visible pause (the gap in the agent's heartbeats: what the guest felt of
+the switchover) and total migration time.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class Row:
     lost: int = 0
     injected: int = 0
     caught: int = 0
-    downtimes: list[float] = field(default_factory=list)
+    pauses: list[float] = field(default_factory=list)
     totals: list[float] = field(default_factory=list)
 
     def add(self, e: dict[str, Any]) -> None:
@@ -38,8 +39,8 @@ class Row:
             self.caught += bool(f.get("caught"))
         t = e.get("timings") or {}
         if e.get("outcome") == "completed":
-            if t.get("downtime_ms") is not None:
-                self.downtimes.append(float(t["downtime_ms"]))
+            if t.get("guest_pause_ms") is not None:
+                self.pauses.append(float(t["guest_pause_ms"]))
             if t.get("total_s") is not None:
                 self.totals.append(float(t["total_s"]))
 
@@ -80,11 +81,11 @@ def _median(xs: list[float], fmt: str) -> str:
 def table(s: Summary) -> str:
     """A Markdown table, one row per combination and a total."""
     head = ("| combination | hops | ok | mismatches | guests lost | faults injected/caught "
-            "| median downtime ms | median total s |")
+            "| median guest pause ms | median total s |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in [*s.rows.items(), ("**all**", s.total)]:
         lines.append(f"| {name} | {r.hops} | {r.ok} | {r.mismatches} | {r.lost} | "
-                     f"{r.injected}/{r.caught} | {_median(r.downtimes, '.0f')} | "
+                     f"{r.injected}/{r.caught} | {_median(r.pauses, '.0f')} | "
                      f"{_median(r.totals, '.1f')} |")
     return "\n".join(lines)
 
