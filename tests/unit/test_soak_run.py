@@ -54,7 +54,7 @@ class FakeShuttle:
         if what == "abort":
             self.interrupted = True
             return h
-        if fault is not None:
+        if fault is not None and outcome == "completed":
             h.injected = [{"target": fault.target, "block": "0x1000", "t": 0.0}]
             h.detected_by_host = 1
             h.detected_by_guest = 0 if what == "miss" else 1
@@ -164,3 +164,12 @@ def test_a_soak_starting_on_a_diskless_load_boots_with_the_checker(fake, tmp_pat
     es = ledger.read(p)
     assert es[0]["combination"] == "idle-plain" and es[0]["load"] == "verify:mem=32M,disk=16M"
     assert es[2]["load"] == "idle"  # from then on, the combination's own load
+
+
+def test_a_fault_due_on_a_failed_hop_moves_to_the_next(fake, tmp_path):
+    p = tmp_path / "l.jsonl"
+    fake.script = {3: "fail"}
+    assert _exit(_opts(p, hops=4, every=3)) == cli.EXIT_FAILED  # failed, nothing bad
+    es = ledger.read(p)
+    assert es[2]["fault"] is None and es[2]["outcome"] == "failed"
+    assert es[3]["fault"]["caught"] is True

@@ -92,6 +92,8 @@ class Soak:
                     self.say(f"interrupted during hop {n}: not written (the guest "
                              f"runs on, on {hop.src})")
                     break
+                if kind and not hop.injected and hop.report.get("outcome") != "completed":
+                    kind = None  # never reached the paused destination: the next hop has it
                 e = ledger.entry(hop, combo, sh.id, kind, ran)
                 self.book.append(e)
                 out.hops += 1
