@@ -204,8 +204,13 @@ class Shuttle:
         hop.t0 = mig.t0
         hop.report = mig.report()
         hop.injected = list(mig.injected)
-        # completed: the destination; failed or aborted: the source runs on where it was
+        # completed: the destination; failed or aborted: the source runs on where it was;
+        # failed before the run took the guest over (a missing QEMU binary): untouched
+        before = self.running
         self.running = mig.handed_over() or mig.source_kept()
+        if self.running is None and before is not None and mig.src is None \
+                and before.vm.alive():
+            self.running = before
         if self.running is None:  # the next guest boots with the boot load
             self.workload = self.boot
         hop.guest_lost = self.running is None
