@@ -194,7 +194,12 @@ def _build_parser() -> argparse.ArgumentParser:
     from livemig.tls.cli import register as register_pki
 
     register_pki(sub)
-    from livemig.evacuate.cli import register as register_evacuate; register_evacuate(sub)  # noqa: E702, I001
+    from livemig.evacuate.cli import register as register_evacuate
+
+    register_evacuate(sub)
+    from livemig.soak.cli import register as register_soak
+
+    register_soak(sub)
     return p
 
 

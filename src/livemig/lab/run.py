@@ -751,7 +751,7 @@ class LabRun(Hooks):
             self.network.update(self.prober.summary(
                 self.t_migrate or self.prober.started or time.time(),
                 self.t_end or time.time(), self._hold()))
-        keep = self.handed_over()
+        keep = self.handed_over() or self.source_kept()
         if keep is not None:
             self._mem_files.remove(keep.vm.config.mem_path)
         for agent in (self.src_agent, self.dst_agent):
@@ -792,6 +792,18 @@ class LabRun(Hooks):
         if self.dst is None or self.dst_agent is None or not self.dst.alive():
             return None
         return Running(self.dst, self.dst_agent, self.opts.dst_host, self._dst_image)
+
+    def source_kept(self) -> Running | None:
+        """With ``keep_destination`` (a ping-pong), a migration that did not complete
+        leaves the guest running on its source: kept for the caller, not stopped."""
+        o = self.opts
+        if not o.keep_destination or (self.record is not None and self.record.completed):
+            return None
+        if self.src is None or self.src_agent is None or not self.src.alive():
+            return None
+        if o.source is None and (self.record is None or self.record.t_migrate is None):
+            return None  # failed while booting: nothing the caller had
+        return Running(self.src, self.src_agent, o.src_host, self._src_image)
 
     def _hold(self) -> tuple[float, float] | None:
         return self.record.hold if self.record is not None else None

@@ -1,0 +1,167 @@
+"""The soak's feature combinations, and how hops cycle through them and carry faults.
+
+A combination is one point of the space the profile can choose from: the stream
+encoding, the throttle (with a bandwidth cap, or it never engages), the switchover
+drain, hot-page deferral, copied storage, the link's rate, and the guest's load. The
+catalogue names enough points that every value of every dimension appears at least
+once; hop ``n`` (counted over the whole ledger, from 1) uses ``names[(n - 1) % len]``,
+so a resumed soak carries on with the combination after the last one it ran.
+
+Not in the catalogue, because the lab's ping-pong cannot verify them (said in
+docs/verification.md): post-copy (the destination runs before it has the RAM, so
+there is no paused moment to compare) and vhost-user (the lab's switches live for one
+migration, so a guest handed on to the next would lose its network).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from livemig.errors import UsageError
+from livemig.pingpong import Combination
+from livemig.spec import parse_workload
+
+MiB = 1 << 20
+# A cap low enough that the guest's dirtying outruns it, so that the throttle engages
+# on this 2-core TCG host, yet a hop of a 384 MiB guest still ends within seconds.
+THROTTLE_CAP = 24 * MiB
+# Deferral needs pages to come round again while the stream is the bottleneck.
+DEFER_CAP = 48 * MiB
+SLOW_LINK = 200_000_000  # bits/s: a fifth of the default 1 Gbit/s link
+FAST_LINK = 1_000_000_000
+
+# The checker on 32 MiB of RAM and the first 16 MiB of the disk: small enough that a
+# load change (which re-stamps it) takes a second or two under TCG.
+CHECKER = "verify:mem=32M,disk=16M"
+LOADS: dict[str, str] = {
+    "idle": "idle",  # nothing: the host's RAM and disk comparisons only
+    "checker": CHECKER,
+    "small-writes": CHECKER + "+mem:size=64M,rate=16M,hot=80/10,touch=64",
+    "whole-pages": CHECKER + "+mem:size=64M,rate=16M,touch=4096,fill=random",
+    "disk-writes": CHECKER + "+disk:bs=8K,rate=1M",
+}
+ENCODINGS = ("plain", "zstd", "lz4", "lz4-delta", "xbzrle")
+THROTTLES = ("off", "converge", "direct", "auto-converge")
+DEFER_PERCENT = "30"  # the reference's share (settings.PROFILES["livemig-defer"])
+
+
+@dataclass(frozen=True)
+class SoakCombo:
+    name: str
+    encoding: str = "plain"
+    throttle: str = "off"
+    drain: bool = False
+    defer: bool = False
+    storage: str = "shared"
+    link: int | None = FAST_LINK
+    load: str = "checker"
+    profile: str = "defaults"
+
+    @property
+    def bandwidth(self) -> int | None:
+        if self.throttle != "off":
+            return THROTTLE_CAP
+        return DEFER_CAP if self.defer else None
+
+    def combination(self) -> Combination:
+        sets = {"encoding": self.encoding, "throttle": self.throttle,
+                "switchover-drain": "on" if self.drain else "off"}
+        if self.defer:
+            sets["x-hot-page-defer-percent"] = DEFER_PERCENT
+        return Combination(sets, link=self.link, storage=self.storage,
+                           bandwidth=self.bandwidth, profile=self.profile)
+
+    @property
+    def workload(self) -> str:
+        return LOADS[self.load]
+
+    @property
+    def fault_kind(self) -> str | None:
+        """The fault a hop of this combination can carry (the checker must own it)."""
+        load = parse_workload(self.workload)
+        if load.verify is None:
+            return None
+        if self.storage == "copy" and load.verify.disk:
+            return "disk-stamped"
+        return "ram-stamped" if load.verify.mem else None
+
+    def features(self) -> dict[str, Any]:
+        """What the ledger records of the combination."""
+        return {"encoding": self.encoding, "throttle": self.throttle, "drain": self.drain,
+                "defer": self.defer, "storage": self.storage,
+                "link": "unshaped" if self.link is None else f"{self.link / 1e6:g}mbit",
+                "bandwidth": self.bandwidth, "load": self.load, "profile": self.profile}
+
+    def describe(self) -> str:
+        f = self.features()
+        cap = f" cap {self.bandwidth // MiB}M/s" if self.bandwidth else ""
+        return (f"{self.encoding}, throttle {self.throttle}{cap}, drain "
+                f"{'on' if self.drain else 'off'}, defer {'on' if self.defer else 'off'}, "
+                f"storage {self.storage}, link {f['link']}, load {self.load}")
+
+
+# Grouped by load: a load change restarts the guest's checker, so the catalogue keeps
+# each load's combinations together and the checker runs on across them.
+_CATALOGUE = (
+    SoakCombo("checker-plain", load="checker"),
+    SoakCombo("checker-zstd", "zstd", load="checker"),
+    SoakCombo("checker-lz4-drain", "lz4", drain=True, load="checker"),
+    SoakCombo("small-lz4-delta", "lz4-delta", load="small-writes"),
+    SoakCombo("small-xbzrle", "xbzrle", load="small-writes"),
+    SoakCombo("small-direct", "plain", "direct", load="small-writes"),
+    SoakCombo("small-lz4-200mbit", "lz4", link=SLOW_LINK, load="small-writes"),
+    SoakCombo("pages-zstd", "zstd", load="whole-pages"),
+    SoakCombo("pages-converge", "plain", "converge", load="whole-pages"),
+    SoakCombo("pages-autoconverge", "lz4", "auto-converge", load="whole-pages"),
+    SoakCombo("pages-defer", "plain", defer=True, load="whole-pages"),
+    SoakCombo("disk-copy", "plain", storage="copy", load="disk-writes"),
+    SoakCombo("disk-copy-lz4-delta-drain", "lz4-delta", drain=True, storage="copy",
+              load="disk-writes"),
+    SoakCombo("disk-xbzrle-unshaped", "xbzrle", link=None, load="disk-writes"),
+    SoakCombo("idle-plain", load="idle"),
+    SoakCombo("idle-zstd-unshaped", "zstd", link=None, load="idle"),
+)
+COMBOS: dict[str, SoakCombo] = {c.name: c for c in _CATALOGUE}
+
+
+def select(spec: str | None) -> list[str]:
+    """``--combos``: ``all`` (default) or a comma-separated list, in cycling order."""
+    if spec is None or spec.strip() == "all":
+        return list(COMBOS)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    bad = [n for n in names if n not in COMBOS]
+    if bad or not names:
+        raise UsageError(f"unknown combination {', '.join(bad) or '(none)'}: choose from "
+                         f"{', '.join(COMBOS)} (or all)")
+    return names
+
+
+def for_hop(names: list[str], hop: int) -> SoakCombo:
+    """The combination of hop ``hop`` (1-based over the whole ledger)."""
+    return COMBOS[names[(hop - 1) % len(names)]]
+
+
+def fault_due(every: int | None, hops_since_fault: int, combo: SoakCombo) -> str | None:
+    """The fault kind to inject in this hop, or None.
+
+    One fault per ``every`` hops: once ``every`` hops have passed since the last fault
+    (or the start), the next hop whose combination can carry one gets it."""
+    if not every or hops_since_fault + 1 < every:
+        return None
+    return combo.fault_kind
+
+
+def boot_load(first: SoakCombo) -> str:
+    """The load the guest boots with: the first hop's, unless it has no disk.
+
+    The guest's devices are fixed at boot, and every other load needs the disk, so a
+    soak that starts (or resumes) on a diskless load boots with the checker alone; the
+    ledger records the load that hop really ran."""
+    w = parse_workload(first.workload)
+    return first.workload if w.disk or (w.verify and w.verify.disk) else CHECKER
+
+
+def memory_needed() -> int:
+    """The largest load's memory (the guest is sized once, for every load)."""
+    return max(parse_workload(t).mem_bytes for t in LOADS.values())
