@@ -92,9 +92,9 @@ def start(spec: dict[str, Any], directory: Path) -> Handle:
     return Handle(proc, wfd)
 
 
-def _wait_for_parent() -> tuple[bool, set[str]]:
-    """(True when livemig said ``done``, False when it died (EOF without it); the
-    words it told on the way)."""
+def read_words() -> set[str]:
+    """Block on the pipe from livemig (standard input) until its write end closes;
+    the words livemig told on the way. Also the libvirt hold guard's (``virt/hold``)."""
     data = b""
     while True:
         try:
@@ -102,9 +102,15 @@ def _wait_for_parent() -> tuple[bool, set[str]]:
         except InterruptedError:
             continue
         if not chunk:
-            words = set(data.decode(errors="replace").split())
-            return "done" in words, words
+            return set(data.decode(errors="replace").split())
         data += chunk
+
+
+def _wait_for_parent() -> tuple[bool, set[str]]:
+    """(True when livemig said ``done``, False when it died (EOF without it); the
+    words it told on the way)."""
+    words = read_words()
+    return "done" in words, words
 
 
 async def repair(spec: dict[str, Any]) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from typing import Any
 
 from livemig.errors import LivemigError
 from livemig.tls import creds
-from livemig.virt import nbd, qmp
+from livemig.virt import nbd, qmp, volumes
 from livemig.virt.chunks import (
     CHUNK,
     Digests,
@@ -66,7 +66,6 @@ PORTS = (49400, 49899)  # the NBD server's port is drawn from here (tried a few 
 PORT_TRIES = 8
 READER_MEMORY_MIB = 16  # the reader domain never runs: its RAM is never touched
 MAX_LISTED = 16  # differing blocks named in the report
-GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -357,9 +356,4 @@ def compare_exports(a: nbd.NbdReader, b: nbd.NbdReader) -> dict[str, Any]:
 
 
 def cost(size: int, src_s: float, dst_s: float, wall_s: float) -> dict[str, Any]:
-    gib = size / GIB
-    return {"method": METHOD, "bytes": size, "chunk_size": CHUNK,
-            "source_s": round(src_s, 3), "destination_s": round(dst_s, 3),
-            "wall_s": round(wall_s, 3),
-            "cost_s_per_gib": {"source": round(src_s / gib, 3) if gib else None,
-                               "destination": round(dst_s / gib, 3) if gib else None}}
+    return volumes.cost(size, src_s, dst_s, wall_s, METHOD)

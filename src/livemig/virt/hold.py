@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from livemig import paths, private
+from livemig.engine.guardian import read_words
 
 log = logging.getLogger("livemig.virt.hold")
 
@@ -82,18 +83,6 @@ def start(domain: str, dst_uri: str) -> Guard:
     return Guard(proc, wfd)
 
 
-def _words() -> set[str]:
-    data = b""
-    while True:
-        try:
-            chunk = os.read(0, 64)
-        except InterruptedError:
-            continue
-        if not chunk:
-            return set(data.decode(errors="replace").split())
-        data += chunk
-
-
 def resume_if_paused(domain: str, dst_uri: str) -> str:
     """Resume ``domain`` on ``dst_uri`` if it is paused; what was done, one line."""
     from livemig.virt.conn import find, libvirt_module, open_uri
@@ -118,7 +107,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hold-guard %(message)s")
     spec: dict[str, Any] = json.loads(Path(argv[0]).read_text())
     log.info("holding %s for livemig pid %s", spec["domain"], spec.get("watch_pid"))
-    words = _words()
+    words = read_words()
     if DONE in words:
         log.info("livemig decided%s", " (mismatch: the domain stays paused)"
                  if MISMATCH in words else "")

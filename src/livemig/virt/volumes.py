@@ -163,9 +163,11 @@ def compare_volume(src_conn: Any, dst_conn: Any, path: str,
         raise Skipped(f"{path}: reading it through libvirt failed: {e}") from None
 
 
-def cost(size: int, src_s: float, dst_s: float, wall_s: float) -> dict[str, Any]:
+def cost(size: int, src_s: float, dst_s: float, wall_s: float,
+         method: str = METHOD) -> dict[str, Any]:
+    """What reading both copies took, per side and per GiB (every copied-disk method)."""
     gib = size / GIB
-    return {"method": METHOD, "bytes": size, "chunk_size": CHUNK,
+    return {"method": method, "bytes": size, "chunk_size": CHUNK,
             "source_s": round(src_s, 3), "destination_s": round(dst_s, 3),
             "wall_s": round(wall_s, 3),
             "cost_s_per_gib": {"source": round(src_s / gib, 3) if gib else None,
