@@ -23,3 +23,11 @@ def test_choose():
     assert choose_accel("auto").name in ("tcg", "kvm")
     with pytest.raises(UsageError):
         choose_accel("xen")
+
+
+def test_multi_vcpu_tcg_guests_run_round_robin():
+    from livemig.lab.vm import accel_arg
+
+    assert accel_arg("tcg", 2) == "tcg,thread=single"
+    assert accel_arg("tcg", 1) == "tcg"
+    assert accel_arg("kvm", 4) == "kvm"
