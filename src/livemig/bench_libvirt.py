@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import logging
 import os
@@ -187,7 +188,6 @@ class LibvirtRun:
         resumed = [e["t"] for e in rep.get("events", []) if e.get("event") == "destination resumed"]
         if hold is None or not resumed or t0 is None:
             return None
-        import datetime
         start = datetime.datetime.fromisoformat(t0).timestamp()
         end = start + float(resumed[-1])
         return (end - float(hold), min(end, t_end))
