@@ -122,17 +122,7 @@ def test_lab_signal_matrix(phase: str, sig: str, tmp_path: Path) -> None:
     pattern, after = LAB_PHASES[phase]
     if phase == "throttled":
         pattern = throttled
-    proc = subprocess.Popen(livemig_cmd("migrate", *args), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        read_until(proc, pattern, 240)
-        time.sleep(after)
-        os.kill(proc.pid, SIGNALS[sig])
-        _out, err = proc.communicate(timeout=EXIT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    rc, err = _signal_at(args, pattern, after, sig, 240)
     sq, dq = run_dir / "src.qmp", run_dir / "dst.qmp"
     if sig == "kill":
         log = run_dir / "guardian.log"
@@ -160,7 +150,7 @@ def test_lab_signal_matrix(phase: str, sig: str, tmp_path: Path) -> None:
         assert not run_dir.exists()
         return
     # SIGINT / SIGTERM: livemig winds down itself and says where the guest was
-    assert proc.returncode in (0, 3), err[-2000:]
+    assert rc in (0, 3), err[-2000:]
     rep: dict[str, Any] = json.loads(report.read_text())
     if rep["outcome"] == "aborted":
         assert phase in ("applied", "throttled"), rep["reason"]
@@ -210,17 +200,7 @@ def test_attach_signal_matrix(pair, phase: str, sig: str, tmp_path: Path) -> Non
     pattern, after = ATTACH_PHASES[phase]
     if phase == "throttled":
         pattern = throttled
-    proc = subprocess.Popen(livemig_cmd("migrate", *args), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        read_until(proc, pattern, 180)
-        time.sleep(after)
-        os.kill(proc.pid, SIGNALS[sig])
-        _out, err = proc.communicate(timeout=EXIT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    rc, err = _signal_at(args, pattern, after, sig, 180)
     s, d = _one_side_runs(sq, dq, REPAIR_S)
     # nothing livemig changed stays, on either QEMU it did not start
     deadline = time.monotonic() + REPAIR_S
@@ -239,7 +219,7 @@ def test_attach_signal_matrix(pair, phase: str, sig: str, tmp_path: Path) -> Non
         assert d == "running" and dst.poll() is None
         assert guest_progress(tmp_path / "dst.agent") > 0
     if sig != "kill":
-        assert proc.returncode in (0, 3), err[-2000:]
+        assert rc in (0, 3), err[-2000:]
         assert "Traceback" not in err
         rep = json.loads(report.read_text())
         assert (rep["outcome"] == "completed") == (d == "running"), rep["outcome"]
@@ -248,3 +228,21 @@ def test_attach_signal_matrix(pair, phase: str, sig: str, tmp_path: Path) -> Non
                  and json.loads((p / "guardian.json").read_text()).get("src") == str(sq)]
     if sig != "kill":
         assert leftovers == []
+
+
+def _signal_at(args: list[str], pattern: str, after: float, sig: str,
+               timeout: float) -> tuple[int | None, str]:
+    """Run ``livemig migrate ARGS``, send ``sig`` ``after`` seconds past the first
+    output line matching ``pattern``; its exit status and stderr."""
+    proc = subprocess.Popen(livemig_cmd("migrate", *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        read_until(proc, pattern, timeout)
+        time.sleep(after)
+        os.kill(proc.pid, SIGNALS[sig])
+        _out, err = proc.communicate(timeout=EXIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
