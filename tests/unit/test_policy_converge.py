@@ -168,3 +168,36 @@ def test_recorded_busy_writer_whose_rounds_stop_shrinking_is_throttled():
     _, acts = replay("busy-db-400mbit-stalling")
     assert len(acts) == 1 and acts[0].percent >= 40
     assert "round 5" in acts[0].reason
+
+
+def test_a_slow_first_pass_alone_does_not_throttle_a_guest_it_says_shrinks():
+    # recorded through libvirt (no page rate): a first pass slowed by the host (3.4 s,
+    # 2.5 s in other runs) left 167 MiB at a 50 MiB/s distinct rate, drained at 50
+    # MiB/s of wire bytes: d/B ≈ 1 on one pass's evidence. The policy throttled it to
+    # 90 % at round 2; the same guest converged alone in 6-9 rounds in the other runs
+    p, acts = replay("pages-libvirt-slow-first-pass")
+    assert acts == [] and p.percent == 0
+
+
+def test_a_guest_whose_second_round_does_not_shrink_is_throttled_one_round_later():
+    # the first pass says d/B = 0.9 (shrinks); the second round then does not shrink:
+    # the throttle acts at round 3 on the observed ratio
+    p = ConvergeThrottle(300)
+    b = 50 * MB
+    assert p.decide(Snapshot(t=0, rounds=1, remaining=1000 * MB, dirty_rate=45 * MB,
+                             bandwidth=b)) == []
+    assert p.decide(Snapshot(t=4.0, rounds=2, remaining=180 * MB, dirty_rate=45 * MB,
+                             bandwidth=b)) == []
+    acts = p.decide(Snapshot(t=7.6, rounds=3, remaining=178 * MB, dirty_rate=45 * MB,
+                             bandwidth=b))
+    assert len(acts) == 1 and isinstance(acts[0], SetThrottle)
+    assert "round 3" in acts[0].reason and acts[0].percent > 0
+
+
+def test_a_guest_that_outruns_the_link_on_the_first_pass_is_throttled_at_once():
+    p = ConvergeThrottle(300)
+    b = 50 * MB
+    p.decide(Snapshot(t=0, rounds=1, remaining=1000 * MB, dirty_rate=0, bandwidth=b))
+    acts = p.decide(Snapshot(t=2.0, rounds=2, remaining=200 * MB, dirty_rate=100 * MB,
+                             bandwidth=b))
+    assert len(acts) == 1 and isinstance(acts[0], SetThrottle) and "round 2" in acts[0].reason

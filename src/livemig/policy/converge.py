@@ -33,7 +33,13 @@ granularity, and a short round would otherwise read as a guest dirtying faster t
 writes. The rates alone can promise a shrink the rounds do not deliver (QEMU also syncs
 mid-pass, and a saturated hot set dirties as much in a short round as in a long one),
 so ``q`` at θ = 0 is the larger of the rates' ``d / B`` and the observed ``R_k /
-R_{k-1}`` of the slower of the last two rounds.
+R_{k-1}`` of the slower of the last two rounds. At the first decision there is no
+observed shrink, only the first pass's rates, the least sure of all (a slow start,
+host noise): a guest they say may shrink by itself is left unthrottled
+for one more round, and throttled only if the rounds then stop shrinking. Only a
+guest that outran even the fastest drain the first pass showed is throttled at once
+(per-poll drain rates spread widely on a busy host: 21-87 MB/s within one recorded
+pass, whose smoothed rate made a guest that converged alone look unconvergeable).
 
 When θ would exceed ``DEEP`` (the guest below 10 % of normal) for longer than
 ``DEEP_MAX_S``, the throttle holds at ``DEEP`` for that long and recomputes at the
@@ -76,13 +82,16 @@ class ConvergeThrottle:
         self._prev: tuple[float, int] | None = None  # (duration of last round, R at its start)
         self._ratio = 0.0  # R_k / R_{k-1} seen at the last round's start
         self._at_max = 0
+        self._peak = 0.0  # the fastest drain seen so far (bytes/s)
 
     def set_downtime(self, ms: int) -> None:
         """The downtime ramp raised the limit: aim at the new one."""
         self.downtime_s = ms / 1000.0
 
     def decide(self, s: Snapshot) -> list[Action]:
-        b = self.rate.add(s.page_rate or s.bandwidth)
+        raw = s.page_rate or s.bandwidth
+        b = self.rate.add(raw)
+        self._peak = max(self._peak, raw)
         if s.rounds <= self._round:
             return []
         started, last_t = self._round >= 0, self._round_t
@@ -111,6 +120,12 @@ class ConvergeThrottle:
         shrink, self._ratio = max(ratio, self._ratio), ratio
         free = max(d / b, shrink) / (1.0 - now)
         t_round = r / b
+        if prev is None and d / self._peak / (1.0 - now) <= 1.0:
+            # one pass is all the evidence, and its rates are the least sure (host
+            # noise, a slow start): unless the guest outran even the fastest drain the
+            # pass showed, a throttle set now may rest on a wrong estimate (it costs
+            # θ × T_round) while waiting costs one unthrottled round: measure first
+            return []
         theta, rounds = plan(t_round, free, SAFETY * budget / r)
         pct = max(self.percent, min(MAX_PCT, round(100.0 * theta + 0.5) if theta else 0))
         why = (f"round {s.rounds}: {r >> 20} MiB dirty (distinct rate {d / 2**20:.0f} MiB/s, "
