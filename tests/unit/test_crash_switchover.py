@@ -13,7 +13,7 @@ import pytest
 from livemig.engine import monitor as monitor_mod
 from livemig.engine.events import EventStream
 from livemig.engine.monitor import Monitor
-from livemig.engine.sockstat import parse_acked, tcp_port
+from livemig.engine.sockstat import LinkState, parse_state, tcp_port
 from livemig.engine.stall import SwitchoverWatch
 
 SS = """0  0  10.78.0.1:50362 10.78.0.2:4444
@@ -23,9 +23,45 @@ SS = """0  0  10.78.0.1:50362 10.78.0.2:4444
 """
 
 
+# ss -tinH state connected: a zero-window peer (reads nothing, its kernel answers:
+# lastack fresh) and, after the source closed, a dead link (FIN-WAIT-1, no ACK for 12 s)
+SLOW_READER = """ESTAB 0      4067840 10.78.0.1:55752 10.78.0.2:4444
+\t bbr rto:208 backoff:1 bytes_sent:176128 bytes_acked:128513 lastack:100 notsent:4067840
+"""
+DEAD_AFTER_CLOSE = """FIN-WAIT-1 0      65536 10.78.0.1:55752 10.78.0.2:4444
+\t cubic rto:3328 backoff:4 bytes_sent:176128 bytes_acked:110593 lastack:12000
+TIME-WAIT 0      0 10.78.0.1:55760 10.78.0.2:4444
+"""
+
+
 def test_acked_bytes_are_summed_over_the_connections():
-    assert parse_acked(SS) == 100022
-    assert parse_acked("") is None
+    st = parse_state(SS)
+    assert st is not None and st.acked == 100022 and st.pending == 0
+    assert st.last_ack_s is None  # nothing waits to be acked
+    assert parse_state("") is None
+
+
+def test_pending_bytes_and_the_last_ack_are_read_in_every_connected_state():
+    slow = parse_state(SLOW_READER)
+    assert slow == LinkState(acked=128513, pending=4067840, last_ack_s=0.1)
+    dead = parse_state(DEAD_AFTER_CLOSE)
+    assert dead == LinkState(acked=110593, pending=65536, last_ack_s=12.0)
+
+
+def _link(acked: int, pending: int = 4096, last_ack_s: float | None = None) -> LinkState:
+    return LinkState(acked, pending, last_ack_s)
+
+
+def test_a_slow_reader_or_nothing_to_send_is_not_a_dead_link():
+    w = SwitchoverWatch(5.0, lambda: None)
+    w.feed(0.0, _link(7, last_ack_s=0.1))
+    assert w.feed(9.0, _link(7, last_ack_s=0.2)) is None  # zero window, probes answered
+    w = SwitchoverWatch(5.0, lambda: None)
+    w.feed(0.0, _link(7, pending=0))
+    assert w.feed(9.0, _link(7, pending=0)) is None  # the source has nothing queued
+    w = SwitchoverWatch(5.0, lambda: None)
+    w.feed(0.0, _link(7, last_ack_s=1.0))
+    assert w.feed(9.0, _link(7, last_ack_s=10.0)) is not None  # no ACK at all: dead
 
 
 @pytest.mark.parametrize("uri,port", [("tcp:10.78.0.2:4444", 4444), ("tcp:[::1]:5", 5),
@@ -37,22 +73,22 @@ def test_tcp_port(uri, port):
 def test_moving_acks_are_never_a_stall_stuck_ones_are():
     w = SwitchoverWatch(5.0, lambda: None)
     for t in range(20):  # a slow but live final send: 20 s, acks moving
-        assert w.feed(float(t), t * 1000) is None
-    assert w.feed(21.0, 19000) is None  # unchanged since t=19
-    assert w.feed(23.9, 19000) is None
-    reason = w.feed(24.0, 19000)
+        assert w.feed(float(t), _link(t * 1000)) is None
+    assert w.feed(21.0, _link(19000)) is None  # unchanged since t=19
+    assert w.feed(23.9, _link(19000)) is None
+    reason = w.feed(24.0, _link(19000))
     assert reason and "stall-timeout 5s" in reason and "switchover" in reason
 
 
 def test_unknown_acks_or_an_answer_restart_the_watch():
     w = SwitchoverWatch(5.0, lambda: None)
-    w.feed(0.0, 7)
+    w.feed(0.0, _link(7))
     assert w.feed(4.0, None) is None  # the connection closed (completed): unknown
-    assert w.feed(8.0, 7) is None and w.feed(12.0, 7) is None
+    assert w.feed(8.0, _link(7)) is None and w.feed(12.0, _link(7)) is None
     w.reset()  # QMP answered
-    assert w.feed(14.0, 7) is None
-    assert w.feed(19.0, 7) is not None
-    assert SwitchoverWatch(0, lambda: None).feed(100.0, 1) is None  # off
+    assert w.feed(14.0, _link(7)) is None
+    assert w.feed(19.0, _link(7)) is not None
+    assert SwitchoverWatch(0, lambda: None).feed(100.0, _link(1)) is None  # off
 
 
 class BlockedSource:
@@ -113,8 +149,9 @@ class NoHooks:
 
 
 def _monitor(src: BlockedSource, acked: list[int | None]) -> Monitor:
-    def progress() -> int | None:
-        return acked.pop(0) if len(acked) > 1 else acked[0]
+    def progress() -> LinkState | None:
+        a = acked.pop(0) if len(acked) > 1 else acked[0]
+        return None if a is None else _link(a)
 
     return Monitor(src, EventStream(), 0.01, 0.0, None, asyncio.Event(), None, NoHooks(),
                    [], stall_timeout=0.3, switchover=SwitchoverWatch(0.3, progress))
@@ -140,7 +177,7 @@ def test_a_live_final_send_is_not_yanked(monkeypatch):
     async def go() -> Any:
         mon = Monitor(src, EventStream(), 0.01, 0.0, None, asyncio.Event(), None,
                       NoHooks(), [], stall_timeout=0.3,
-                      switchover=SwitchoverWatch(0.3, lambda: next(counter) * 4096))
+                      switchover=SwitchoverWatch(0.3, lambda: _link(next(counter) * 4096)))
         asyncio.get_running_loop().call_later(1.0, src.freed.set)
         return await mon.run()
 

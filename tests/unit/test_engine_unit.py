@@ -493,6 +493,29 @@ def test_destination_that_never_finishes_loading_fails_and_source_resumes(monkey
     assert not dst.called("cont") and src.status == "running"
 
 
+def test_last_bytes_lost_after_the_source_completed_fail_at_once_not_at_the_timeout(
+        monkeypatch):
+    """The link dies while the last bytes sit in the source's closed socket: no ACK
+    comes for them, so the destination can never finish loading; the source (paused,
+    intact) resumes after the stall timeout, not after the 60 s load timeout."""
+    import time
+
+    import livemig.engine.run as engine_run
+    from livemig.engine.sockstat import LinkState
+    from livemig.engine.stall import SwitchoverWatch
+
+    monkeypatch.setattr(engine_run, "LOOK_S", 0.02)
+    dead = SwitchoverWatch(0.1, lambda: LinkState(acked=5, pending=65536, last_ack_s=30.0))
+    monkeypatch.setattr(Engine, "_switchover_watch", lambda self: dead)
+    src, dst = ends()  # no MIGRATION completed event from the destination
+    t0 = time.monotonic()
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults").validate()))
+    assert time.monotonic() - t0 < engine_run.DST_LOAD_TIMEOUT_S / 4
+    assert rec.outcome == "failed" and "cannot finish loading" in (rec.reason or "")
+    assert "65536 bytes waited" in (rec.reason or "")
+    assert not dst.called("cont") and src.status == "running"
+
+
 def test_split_brain_guard_keeps_the_source_paused_if_the_destination_runs(monkeypatch):
     import livemig.engine.run as engine_run
 

@@ -35,7 +35,7 @@ from livemig.engine.observe import TERMINAL, Observation
 from livemig.engine.plan import Plan
 from livemig.engine.qmpactuator import QmpActuator, check_throttle
 from livemig.engine.record import MigrationRecord
-from livemig.engine.sockstat import acked_bytes, tcp_port
+from livemig.engine.sockstat import link_state, tcp_port
 from livemig.engine.stall import SwitchoverWatch
 from livemig.engine.verify import RamVerdict, skipped, verify_ram
 from livemig.errors import LivemigError, UsageError, VMError
@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
 DST_LOAD_TIMEOUT_S = 60.0
+LOOK_S = 0.5  # how often the kernel's view of the last bytes is read meanwhile
 MISMATCH_NAMED = 4  # pages named in the one-line reason (the report lists up to 16)
 PAUSED = ("paused", "postmigrate", "finish-migrate", "prelaunch", "inmigrate")
 
@@ -215,7 +216,7 @@ class Engine:
         if port is None or pid is None or self.neg is None:
             return None
         return SwitchoverWatch(float(self.neg.resolved.livemig["stall-timeout"]),
-                               lambda: acked_bytes(pid, port))
+                               lambda: link_state(pid, port))
 
     async def _incoming(self) -> None:
         """The destination listens. ``exit-on-error=false`` (QEMU >= 9.1): a failed
@@ -291,7 +292,13 @@ class Engine:
         """When the destination finished loading: QEMU's MIGRATION event timestamp,
         so livemig's polling latency does not count as pause."""
         deadline = time.monotonic() + DST_LOAD_TIMEOUT_S
+        watch, next_look = self._switchover_watch(), 0.0  # the last bytes' link
         while time.monotonic() < deadline:
+            if watch is not None and time.monotonic() >= next_look:
+                next_look = time.monotonic() + LOOK_S
+                reason = watch.feed(time.monotonic(), await asyncio.to_thread(watch.progress))
+                if reason:
+                    raise VMError(f"the destination cannot finish loading: {reason}")
             ev = await self.dst.next_event(0.05)
             if ev is not None and ev.get("event") == "MIGRATION":
                 status = ev.get("data", {}).get("status")

@@ -19,8 +19,13 @@ count, :mod:`livemig.engine.sockstat`) are watched; when they stop for
 ``migration`` instance, sent out-of-band so it runs without the main lock: QEMU
 shuts the migration sockets down, the send fails, the migration fails and QEMU
 resumes the source itself). A slow but live final send keeps its acks moving and
-is left alone; without the kernel's count (a ``unix:`` URI, no ``ss``) nothing is
-yanked.
+is left alone, and so is a destination that reads slowly (its window closed, its
+kernel still answering: see :class:`livemig.engine.sockstat.LinkState`) or a source
+with nothing left to send; without the kernel's view (a ``unix:`` URI, no ``ss``)
+nothing is yanked. The same watch runs after the source completed, while the
+engine waits for the destination to finish loading: the last bytes may still be in
+the source's socket (``FIN-WAIT-1``) when the link dies, and the source, paused and
+intact, resumes as soon as they are known lost rather than after the load timeout.
 
 The default (10 s, ``settings.py``) is above the longest quiet time of a healthy
 migration: the patched QEMU's switchover drain waits at most 5 s for the
@@ -32,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from livemig.engine.sockstat import LinkState
 
 WATCHED = frozenset({"setup", "active"})
 
@@ -62,10 +69,10 @@ class StallWatch:
 @dataclass
 class SwitchoverWatch:
     """The final send's progress while QMP is blocked; ``progress()`` returns the
-    acknowledged bytes (None: unknown)."""
+    migration connections' state (None: unknown)."""
 
     timeout: float  # seconds; 0 or less: off
-    progress: Callable[[], int | None]
+    progress: Callable[[], LinkState | None]
     _last: int | None = field(default=None, init=False)
     _since: float | None = field(default=None, init=False)
 
@@ -73,17 +80,22 @@ class SwitchoverWatch:
         """QMP answered: the main loop is free again."""
         self._last, self._since = None, None
 
-    def feed(self, now: float, acked: int | None) -> str | None:
-        """One look while QMP is blocked; the reason to yank, or None."""
-        if self.timeout <= 0 or acked is None:
+    def feed(self, now: float, link: LinkState | None) -> str | None:
+        """One look while QMP is blocked; the reason to yank, or None. Dead: the
+        acked bytes stood still for the timeout while bytes waited to be acked and
+        no ACK at all came for as long."""
+        if self.timeout <= 0 or link is None:
             self._last, self._since = None, None
             return None
-        if acked != self._last or self._since is None:
-            self._last, self._since = acked, now
+        if link.acked != self._last or self._since is None:
+            self._last, self._since = link.acked, now
             return None
         idle = now - self._since
-        if idle >= self.timeout:
-            return (f"stalled during the switchover: the destination acknowledged no "
-                    f"migration bytes for {idle:.0f}s while the source was paused "
-                    f"(stall-timeout {self.timeout:g}s; is the link down?)")
-        return None
+        if idle < self.timeout or not link.pending:
+            return None
+        if link.last_ack_s is not None and link.last_ack_s < self.timeout:
+            return None  # the peer's kernel answers: a slow reader, not a dead link
+        return (f"stalled during the switchover: the destination acknowledged no "
+                f"migration bytes for {idle:.0f}s while the source was paused and "
+                f"{link.pending} bytes waited (stall-timeout {self.timeout:g}s; is the "
+                f"link down?)")
