@@ -48,6 +48,7 @@ class Combination:
     storage: str = "shared"
     bandwidth: int | None = None  # bytes/s cap on the migration stream
     profile: str = "defaults"
+    via: str = "lab"  # lab: the lab's engine hooks; attach: the path users' VMs take
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ class Shuttle:
             resume_corrupt=bool(faults),  # the guest checker must meet the fault too
             testbed=True, link=c.link, storage=c.storage, src_host=hop.src,
             dst_host=hop.dst, source=self.running, keep_destination=True,
-            images=self.images, testbed_held=True,
+            images=self.images, testbed_held=True, via=c.via, attach_monitor=True,
         )
         mig = LabRun(mopts, Progress(enabled=False))
         self.current = mig

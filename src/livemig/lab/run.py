@@ -105,6 +105,9 @@ class MigrateOptions:
     # lab: the lab's engine hooks; attach: the lab boots and measures, then hands the two
     # QEMUs' QMP sockets to the attach path, which migrates them as a user's VMs
     via: str = "lab"
+    # every QEMU gets the attach path's second QMP socket, whatever ``via`` (a ping-pong
+    # that alternates paths hands a lab-path destination to an attach-path hop)
+    attach_monitor: bool = False
     resume_corrupt: bool = False  # livemig verify --inject only: see Plan.resume_corrupt
     tls: str = "auto"  # --tls: auto = on between the testbed's hosts, off with --link local
 
@@ -614,7 +617,7 @@ class LabRun(Hooks):
             run_dir=self.run_dir, mem_path=mem_path, incoming=incoming,
             start_paused=incoming and o.verify, disks=disks,
             exec_prefix=prefix, extra_args=extra, trace_events=o.trace_events,
-            attach_qmp=o.via == "attach",
+            attach_qmp=o.via == "attach" or o.attach_monitor,
         )
 
     async def _wait_ready(self) -> None:

@@ -11,6 +11,11 @@ Not in the catalogue, because the lab's ping-pong cannot verify them (said in
 docs/verification.md): post-copy (the destination runs before it has the RAM, so
 there is no paused moment to compare) and vhost-user (the lab's switches live for one
 migration, so a guest handed on to the next would lose its network).
+
+The ``attach-*`` combinations migrate through the attach path (the two QEMUs' QMP
+sockets, no lab hook: the path a user's VMs take), verified by the attach path's own
+check (the in-stream RAM digest on the patched build) and the guest's checker; they
+carry no injected fault (the lab injects at its verify hold, which attach has not).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class SoakCombo:
     link: int | None = FAST_LINK
     load: str = "checker"
     profile: str = "defaults"
+    via: str = "lab"
 
     @property
     def bandwidth(self) -> int | None:
@@ -70,7 +76,7 @@ class SoakCombo:
         if self.defer:
             sets["x-hot-page-defer-percent"] = DEFER_PERCENT
         return Combination(sets, link=self.link, storage=self.storage,
-                           bandwidth=self.bandwidth, profile=self.profile)
+                           bandwidth=self.bandwidth, profile=self.profile, via=self.via)
 
     @property
     def workload(self) -> str:
@@ -78,9 +84,11 @@ class SoakCombo:
 
     @property
     def fault_kind(self) -> str | None:
-        """The fault a hop of this combination can carry (the checker must own it)."""
+        """The fault a hop of this combination can carry (the checker must own it).
+        None through the attach path: faults are injected by the lab's verify hold,
+        a lab hook the attach path, as for a user's VMs, does not have."""
         load = parse_workload(self.workload)
-        if load.verify is None:
+        if load.verify is None or self.via != "lab":
             return None
         if self.storage == "copy" and load.verify.disk:
             return "disk-stamped"
@@ -91,14 +99,16 @@ class SoakCombo:
         return {"encoding": self.encoding, "throttle": self.throttle, "drain": self.drain,
                 "defer": self.defer, "storage": self.storage,
                 "link": "unshaped" if self.link is None else f"{self.link / 1e6:g}mbit",
-                "bandwidth": self.bandwidth, "load": self.load, "profile": self.profile}
+                "bandwidth": self.bandwidth, "load": self.load, "profile": self.profile,
+                "path": self.via}
 
     def describe(self) -> str:
         f = self.features()
         cap = f" cap {self.bandwidth // MiB}M/s" if self.bandwidth else ""
         return (f"{self.encoding}, throttle {self.throttle}{cap}, drain "
                 f"{'on' if self.drain else 'off'}, defer {'on' if self.defer else 'off'}, "
-                f"storage {self.storage}, link {f['link']}, load {self.load}")
+                f"storage {self.storage}, link {f['link']}, load {self.load}"
+                + ("" if self.via == "lab" else f", via {self.via}"))
 
 
 # Grouped by load: a load change restarts the guest's checker, so the catalogue keeps
@@ -111,10 +121,13 @@ _CATALOGUE = (
     SoakCombo("small-xbzrle", "xbzrle", load="small-writes"),
     SoakCombo("small-direct", "plain", "direct", load="small-writes"),
     SoakCombo("small-lz4-200mbit", "lz4", link=SLOW_LINK, load="small-writes"),
+    SoakCombo("attach-small-lz4-delta", "lz4-delta", load="small-writes", via="attach"),
     SoakCombo("pages-zstd", "zstd", load="whole-pages"),
     SoakCombo("pages-converge", "plain", "converge", load="whole-pages"),
     SoakCombo("pages-autoconverge", "lz4", "auto-converge", load="whole-pages"),
     SoakCombo("pages-defer", "plain", defer=True, load="whole-pages"),
+    SoakCombo("attach-pages-zstd-converge", "zstd", "converge", load="whole-pages",
+              via="attach"),
     SoakCombo("disk-copy", "plain", storage="copy", load="disk-writes"),
     SoakCombo("disk-copy-lz4-delta-drain", "lz4-delta", drain=True, storage="copy",
               load="disk-writes"),
