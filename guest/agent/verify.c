@@ -146,6 +146,18 @@ static void report(const char *kind, uint64_t index, uint64_t addr, const uint8_
                  (unsigned long long)h.gen, (bad & VB_BAD_CSUM) ? "bad" : "ok");
 }
 
+/*
+ * The host finds the checker's blocks by their magic when it injects a fault
+ * (livemig/lab/faults.py). Stamps left behind in freed memory (a previous load's
+ * region, a disk block's copy in a buffer) look the same, and a fault placed in one
+ * is named by the host but never by this checker, which no longer owns it: so every
+ * stamp this checker leaves outside its region is wiped before the memory goes.
+ */
+static void unstamp(void *p, size_t len)
+{
+    explicit_bzero(p, len);
+}
+
 static int stamp_disk(struct verify_job *j, char *err, size_t errlen)
 {
     uint8_t *buf;
@@ -164,10 +176,12 @@ static int stamp_disk(struct verify_job *j, char *err, size_t errlen)
             (ssize_t)(k * PAGE_SIZE_4K)) {
             snprintf(err, errlen, "verify: cannot stamp %s at block %llu", VERIFY_DISK_DEV,
                      (unsigned long long)i);
+            unstamp(buf, STAMP_CHUNK * PAGE_SIZE_4K);
             free(buf);
             return -1;
         }
     }
+    unstamp(buf, STAMP_CHUNK * PAGE_SIZE_4K);
     free(buf);
     return 0;
 }
@@ -235,6 +249,7 @@ void verify_free(struct verify_job *j)
         return;
     }
     if (j->mem) {
+        unstamp(j->mem, j->mem_n * PAGE_SIZE_4K);
         munmap(j->mem, j->mem_n * PAGE_SIZE_4K);
     }
     if (j->disk_fd >= 0) {
@@ -331,6 +346,7 @@ void *verify_disk_thread(void *arg)
             PAGE_SIZE_4K) {
             j->disk_gen[next_write]--; /* not written: keep expecting the old one */
         }
+        unstamp(b, PAGE_SIZE_4K); /* no copy of a disk block lingers in RAM */
         next_write = (next_write + STRIDE) % n;
         pacer_spend(&pacer, PAGE_SIZE_4K);
     }

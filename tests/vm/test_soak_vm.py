@@ -75,3 +75,19 @@ def test_long_soak_every_combination(tmp_path):
     faults = [e["fault"] for e in es if e["fault"]]
     assert len(faults) >= 6 and all(f["caught"] for f in faults)
     assert {f["kind"] for f in faults} == {"ram-stamped", "disk-stamped"}
+
+
+def test_faults_after_load_changes_are_all_caught_by_the_checker(tmp_path):
+    """Every hop changes the load (restarting the checker on a new region) and carries
+    a fault in a block the host found stamped. A previous load's region, freed with its
+    stamps, once offered the host ghost blocks that no checker owned: half of the
+    stamped blocks after a change, so each fault here had an even chance of going
+    unseen by the guest (3 of 117 soak faults, all after a load change)."""
+    ledger = tmp_path / "soak.jsonl"
+    p = _soak(ledger, "--hops", "6", "--combos", "checker-plain,small-xbzrle",
+              "--inject-every", "1")
+    es = _lines(ledger)
+    faults = [e["fault"] for e in es if e["fault"]]
+    assert len(faults) == 6, [e["combination"] for e in es]
+    assert all(f["caught_by_host"] == 1 and f["caught_by_guest"] == 1 for f in faults), faults
+    assert p.returncode == 0, p.stderr[-3000:]
