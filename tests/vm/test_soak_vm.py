@@ -91,3 +91,17 @@ def test_faults_after_load_changes_are_all_caught_by_the_checker(tmp_path):
     assert len(faults) == 6, [e["combination"] for e in es]
     assert all(f["caught_by_host"] == 1 and f["caught_by_guest"] == 1 for f in faults), faults
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+def test_attach_path_hops_are_verified_by_the_stream_digest_and_the_checker(tmp_path):
+    """Hops through the attach path (the two QEMUs' QMP sockets, no lab hook), the
+    second one handed a guest the first one's destination holds."""
+    ledger = tmp_path / "soak.jsonl"
+    p = _soak(ledger, "--hops", "2", "--combos",
+              "attach-small-lz4-delta,attach-pages-zstd-converge")
+    assert p.returncode == 0, p.stderr[-3000:]
+    es = _lines(ledger)
+    assert [e["features"]["path"] for e in es] == ["attach", "attach"]
+    assert [e["from"] for e in es] == ["src", "dst"]
+    assert all(e["outcome"] == "completed" and e["verdicts"]["ram"] == "ok"
+               and e["verdicts"]["checker"] == "ok" for e in es), es
