@@ -6,14 +6,18 @@ the copied disks before it resumes the destination. Under libvirt the source is
 gone by then: the paused destination is the only copy of the guest. If livemig dies
 during the comparison (kill -9, SIGTERM, Ctrl-C, a crash), nothing would resume it.
 
-Before the comparison livemig starts this guard: a detached process (its own
-session: no signal to livemig's process group reaches it) that blocks reading a
-pipe only livemig writes to. livemig writes ``done`` once it has decided (resumed
-the destination, or kept it paused because the disks differ: ``mismatch``, then
-``done``). EOF without ``done`` means livemig died: the guard connects to the
-destination's libvirt and resumes the domain if it is still paused — unless livemig
-had said ``mismatch`` (a destination proven corrupt stays paused; the report and
-the error say how to run it anyway).
+Before the migration starts livemig starts this guard (a migration with
+``VIR_MIGRATE_PAUSED`` ends with the destination paused even if livemig died
+during it: libvirt's source daemon drives a peer-to-peer migration to its end): a
+detached process (its own session: no signal to livemig's process group reaches it)
+that blocks reading a pipe only livemig writes to. livemig writes ``done`` once it
+has decided (resumed the destination, kept it paused because the disks differ:
+``mismatch``, then ``done``, or the migration did not complete and the source runs
+on). EOF without ``done`` means livemig died: unless livemig had said ``mismatch``
+(a destination proven corrupt stays paused; the report and the error say how to run
+it anyway), the guard waits until no migration job holds the domain, then resumes
+it on the destination if it is paused there, or leaves it where it runs (a migration
+that failed: libvirt keeps the source).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,10 @@ log = logging.getLogger("livemig.virt.hold")
 
 MISMATCH = "mismatch"
 DONE = "done"
+# how long the guard waits for a migration job to end after livemig died: livemig's
+# default --max-time (engine/plan.py) plus the switchover and libvirt's confirm
+WAIT_S = 960.0
+RETRY_S = 1.0
 
 
 class Guard:
@@ -64,13 +73,13 @@ def guard_dir(domain: str) -> Path:
     return paths.run_root() / "libvirt-hold" / safe
 
 
-def start(domain: str, dst_uri: str) -> Guard:
-    """Start the guard for ``domain`` held paused on ``dst_uri``."""
+def start(domain: str, dst_uri: str, src_uri: str | None = None) -> Guard:
+    """Start the guard for ``domain`` migrated paused from ``src_uri`` to ``dst_uri``."""
     d = guard_dir(domain)
     private.make_dir(d)
     spec = d / "hold.json"
     private.write_text(spec, json.dumps({"domain": domain, "dst_uri": dst_uri,
-                                         "watch_pid": os.getpid()}))
+                                         "src_uri": src_uri, "watch_pid": os.getpid()}))
     rfd, wfd = os.pipe()
     logf = os.fdopen(private.open_file(d / "hold.log", append=True), "ab")
     try:
@@ -83,24 +92,43 @@ def start(domain: str, dst_uri: str) -> Guard:
     return Guard(proc, wfd)
 
 
-def resume_if_paused(domain: str, dst_uri: str) -> str:
-    """Resume ``domain`` on ``dst_uri`` if it is paused; what was done, one line."""
+def resume_if_paused(domain: str, dst_uri: str, src_uri: str | None = None) -> str | None:
+    """Resume ``domain`` on ``dst_uri`` once no migration job holds it and it is
+    paused there; what was done, one line, or None while it must wait (a job runs, or
+    the domain is on neither host yet)."""
     from livemig.virt.conn import find, libvirt_module, open_uri
 
     libvirt = libvirt_module()
     conn = open_uri(dst_uri, "destination")
     try:
         dom = find(conn, domain)
-        if dom is None:
-            return f"{domain}: not on {dst_uri}"
-        state, reason = dom.state()
-        if state != libvirt.VIR_DOMAIN_PAUSED:
-            return f"{domain}: state {state}, not paused: left as it is"
-        dom.resume()
-        return f"{domain}: resumed on {dst_uri} (was paused, reason {reason})"
+        if dom is not None and not _in_job(dom, libvirt):
+            state, reason = dom.state()
+            if state != libvirt.VIR_DOMAIN_PAUSED:
+                return f"{domain}: state {state} on {dst_uri}, not paused: left as it is"
+            dom.resume()
+            return f"{domain}: resumed on {dst_uri} (was paused, reason {reason})"
     finally:
         with contextlib.suppress(Exception):
             conn.close()
+    if dom is None and src_uri is not None:  # not (yet) on dst: where does it run?
+        sconn = open_uri(src_uri, "source")
+        try:
+            sdom = find(sconn, domain)
+            if sdom is not None and not _in_job(sdom, libvirt):
+                return f"{domain}: on {src_uri} (the migration did not complete): left there"
+        finally:
+            with contextlib.suppress(Exception):
+                sconn.close()
+    return None
+
+
+def _in_job(dom: Any, libvirt: Any) -> bool:
+    """A job (the migration) holds the domain: it may not be resumed yet."""
+    try:
+        return bool(dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE)
+    except libvirt.libvirtError:
+        return True  # cannot tell: ask again
 
 
 def main(argv: list[str]) -> int:
@@ -115,13 +143,26 @@ def main(argv: list[str]) -> int:
     if MISMATCH in words:
         log.info("livemig died after a mismatch: the domain stays paused")
         return 0
-    log.info("livemig died during the comparison: resuming the destination")
-    try:
-        log.info("%s", resume_if_paused(str(spec["domain"]), str(spec["dst_uri"])))
-    except Exception as e:  # log, never a traceback in someone's terminal
-        log.info("resume failed: %r", e)
-        return 1
-    return 0
+    log.info("livemig died: resuming the destination once the migration is over")
+    src = spec.get("src_uri")
+    deadline = time.monotonic() + float(spec.get("wait_s", WAIT_S))
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            done = resume_if_paused(str(spec["domain"]), str(spec["dst_uri"]),
+                                    str(src) if src else None)
+        except Exception as e:  # log, never a traceback in someone's terminal
+            done, err = None, f"{e!r}"
+            if err != last:
+                log.info("not yet: %s", err)
+            last = err
+        if done is not None:
+            log.info("%s", done)
+            return 0
+        time.sleep(RETRY_S)
+    log.info("gave up after %.0f s: the domain may still be paused on %s", WAIT_S,
+             spec["dst_uri"])
+    return 1
 
 
 if __name__ == "__main__":

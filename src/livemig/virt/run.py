@@ -146,6 +146,7 @@ class DomainMigration:
         self.actuator: LibvirtActuator | None = None
         self.disk_written: dict[str, tuple[float, int]] = {}  # target -> (t, wr_bytes)
         self.page_rate = PageRate()  # pages moved per second, from the job counters
+        self.guard: hold.Guard | None = None  # resumes a paused destination if we die
         self._aio: asyncio.Runner | None = None  # runs the executor's coroutines
         self.stop_reason: str | None = None
         self._stop = threading.Event()
@@ -354,6 +355,9 @@ class DomainMigration:
         self._watch_iterations()
         cpu0 = cpu_seconds(self.dom)
         cpu_last = cpu0
+        if plan.flags & PAUSED:  # the destination will be held paused: should
+            # livemig die from here on, the guard resumes it once libvirt is done
+            self.guard = hold.start(self.opts.domain, self.opts.dst_uri, self.opts.src_uri)
         thread = threading.Thread(target=body, name="libvirt-migrate", daemon=True)
         self._thread = thread
         with self._signals():
@@ -504,6 +508,8 @@ class DomainMigration:
             if self.run.result.outcome == "completed":
                 self._finish_completed()
             else:
+                if self.guard is not None:  # decided: the source runs on
+                    self.guard.dismiss()
                 self._finish_source_kept()
         except (self.libvirt.libvirtError, LivemigError) as e:
             # the outcome stands (libvirt decided it); what could not be checked is said
@@ -522,9 +528,9 @@ class DomainMigration:
             self.run.completed_stats = dict(dst.jobStats(
                 self.libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED))
         if plan.flags & PAUSED:
+            guard = self.guard or hold.start(o.domain, o.dst_uri, o.src_uri)
             self.progress.step(f"comparing the copied disks (disk-check="
                                f"{self.disk_method}); the destination is held paused")
-            guard = hold.start(o.domain, o.dst_uri)  # resumes dst should livemig die now
             t0 = time.monotonic()
             self.run.disk_check = self._compare_disks(dst)
             self.progress.step(f"disks {self.run.disk_check['result']} in "
