@@ -398,8 +398,12 @@ def test_patched_knobs_through_passthrough(daemons: dict[str, str], tmp_path: Pa
         assert plan["throttle"] == "converge" and plan["throttle_knob"] is not None
         throttles = [e for e in rep["events"] if e["event"] == "action SetThrottle"]
         assert throttles, "the guest out-dirties 8M/s: the throttle must have acted"
-        assert not any(e["event"] == "action not applied" and "throttle" in e["action"].lower()
-                       for e in rep["events"])
+        # the policy's own throttle actions went through the passthrough (a lease
+        # renewal or the release may meet the domain already gone from the source
+        # when the migration ends between two polls: that is not a refused knob)
+        assert not any(e["event"] == "action not applied" and e["action"] == "SetThrottle"
+                       for e in rep["events"]), [e for e in rep["events"]
+                                                 if e["event"] == "action not applied"]
         assert _where(name) == {"src": None, "dst": "running"}
         enc = rep["encoding"]  # sampled by the patched QEMU itself, through libvirt
         assert enc["encoding"] and enc["sampler"]["name"] == "qemu", enc

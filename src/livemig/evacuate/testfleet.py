@@ -10,7 +10,9 @@ lab's shared storage, so ``livemig evacuate`` needs no disk copy.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 from livemig import paths
 from livemig.errors import SetupError
@@ -69,23 +71,40 @@ def define(count: int, memory_mib: int, prefix: str = "fleet",
     return out
 
 
-def remove(names: list[str]) -> None:
-    """Destroy and undefine these domains wherever they are (tests' cleanup)."""
+def remove(names: list[str], within_s: float = 60.0) -> None:
+    """Destroy and undefine these domains wherever they are (tests' cleanup). A
+    migration still under way (livemig was killed, libvirt carries on) moves a domain
+    from one host to the other while the hosts are looked at one by one: look again
+    until none is left anywhere, or ``within_s`` passed."""
     from livemig.virt.conn import libvirt_module
 
     libvirt = libvirt_module()
+    deadline = time.monotonic() + within_s
+    while _remove_once(libvirt, set(names)) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    for n in names:
+        (libvirtd.shared_dir() / f"{n}.img").unlink(missing_ok=True)
+
+
+def _remove_once(libvirt: Any, names: set[str]) -> int:
+    """One pass over the hosts; how many of ``names`` it found."""
+    found = 0
     for side in libvirtd.ALL_SIDES:
         if not libvirtd.is_running(side):
             continue
         conn = libvirt.open(libvirtd.local_uri(side))
         try:
             for d in conn.listAllDomains():
-                if d.name() in names:
+                if d.name() not in names:
+                    continue
+                found += 1
+                try:  # a domain that migrates away meanwhile: found again next pass
                     if d.isActive():
                         d.destroy()
                     if d.isPersistent():
                         d.undefine()
+                except libvirt.libvirtError:
+                    continue
         finally:
             conn.close()
-    for n in names:
-        (libvirtd.shared_dir() / f"{n}.img").unlink(missing_ok=True)
+    return found
