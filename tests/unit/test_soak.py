@@ -245,6 +245,17 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
                           capture_output=True, text=True, timeout=60, env=env)
 
 
+def test_summary_since_a_hop_leaves_the_earlier_ones_out(tmp_path):
+    p = tmp_path / "l.jsonl"
+    bad = _hop(2, injected=[FAULT])
+    tally(bad, [])  # a miss before a fix of the soak itself
+    _write(p, [_entry(1), ledger.entry(bad, combos.COMBOS["checker-plain"], "s1",
+                                       "ram-stamped"), _entry(3), _entry(4)])
+    assert not summarize.summarize([p]).clean
+    s = summarize.summarize([p], since=3)
+    assert s.clean and s.total.hops == 2
+
+
 def test_cli_summarize_exit_status(tmp_path):
     p = tmp_path / "l.jsonl"
     _write(p, [_entry(1), _entry(2, fault=True)])

@@ -55,6 +55,9 @@ def register(sub: Any) -> None:
                    f"N hops (needs {FAULT_ENV}=1)")
     s.add_argument("--summarize", nargs="+", type=Path, metavar="LEDGER",
                    help="print the per-combination table of these ledgers and exit")
+    s.add_argument("--since", type=int, default=1, metavar="HOP", help="with "
+                   "--summarize: only hops from HOP on (e.g. after a fix of the soak "
+                   "itself; the ledger keeps everything)")
     s.add_argument("--memory", default=DEFAULT_MEMORY, help=f"guest RAM (default "
                    f"{DEFAULT_MEMORY})")
     s.add_argument("--max-time", type=float, default=180.0, help="per hop, seconds "
@@ -66,7 +69,9 @@ def register(sub: Any) -> None:
 
 def cmd_soak(a: argparse.Namespace) -> int:
     if a.summarize:
-        s = summarize.summarize(a.summarize)
+        if a.since < 1:
+            raise UsageError(f"--since {a.since}: hops count from 1")
+        s = summarize.summarize(a.summarize, since=a.since)
         print(summarize.report(s))
         return EXIT_MISMATCH if not s.clean else 0
     if a.combos is not None and a.combos.strip() == "list":

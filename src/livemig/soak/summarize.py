@@ -57,7 +57,8 @@ class Summary:
         return not self.problems
 
 
-def summarize(paths: list[Path]) -> Summary:
+def summarize(paths: list[Path], since: int = 1) -> Summary:
+    """``since``: only the hops numbered from it on (in every ledger)."""
     rows: dict[str, Row] = {}
     total = Row()
     problems = []
@@ -65,6 +66,8 @@ def summarize(paths: list[Path]) -> Summary:
         if not p.is_file():
             raise UsageError(f"no ledger at {p}")
         for e in ledger.read(p):
+            if int(e.get("hop", 0)) < since:
+                continue
             name = str(e.get("combination"))
             rows.setdefault(name, Row()).add(e)
             total.add(e)
