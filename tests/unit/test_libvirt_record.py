@@ -11,7 +11,7 @@ from livemig.settings import merge
 from livemig.virt import plan as P
 from livemig.virt import record
 from livemig.virt.run import DomainOptions, DomainRun, Outcome, ram_check_failed, ram_check_ok
-from livemig.virt.stats import PageRate, observation, sample_of, snapshot
+from livemig.virt.stats import sample_of, snapshot
 
 STOCK = P.QemuInfo(frozenset({"xbzrle", "auto-converge", "multifd"}), {},
                    frozenset({"migrate-set-parameters"}))
@@ -113,19 +113,3 @@ def test_a_disk_mismatch_is_named_in_the_summary() -> None:
     assert "at byte 0x304567" in summary(rep)
     assert rep["verify_hold_ms"] is None  # not resumed: held paused for good
     assert rep["absent"]["verify_hold_ms"] == "held paused for good: the disks differ"
-
-
-def test_the_page_rate_counts_pages_moved_not_wire_bytes():
-    # a zstd stream: 2x the wire bytes in pages, as libvirt's counters recorded it
-    r = PageRate()
-    first = {"memory_page_size": 4096, "memory_normal": 1000, "memory_constant": 500,
-             "memory_bps": 10_000_000}
-    assert r.update(1.0, first) == 0.0
-    later = {**first, "memory_normal": 1000 + 5000, "memory_constant": 500 + 1000}
-    rate = r.update(1.5, later)
-    assert rate == 6000 * 4096 / 0.5
-    s = snapshot(1.5, later, 0, page_rate=rate)
-    assert s.page_rate == rate and s.bandwidth == 10_000_000
-    assert observation(1.5, later, s).page_rate == rate
-    # counters that went back (a new job) give no rate rather than a negative one
-    assert r.update(2.0, first) == 0.0

@@ -66,7 +66,7 @@ from livemig.virt.plan import (
     with_globals,
 )
 from livemig.virt.sampling import adapt_domain
-from livemig.virt.stats import PageRate, sample_of, snapshot
+from livemig.virt.stats import sample_of, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,6 @@ class DomainMigration:
         self.executor: PolicyExecutor | None = None
         self.actuator: LibvirtActuator | None = None
         self.disk_written: dict[str, tuple[float, int]] = {}  # target -> (t, wr_bytes)
-        self.page_rate = PageRate()  # pages moved per second, from the job counters
         self.guard: hold.Guard | None = None  # resumes a paused destination if we die
         self._aio: asyncio.Runner | None = None  # runs the executor's coroutines
         self.stop_reason: str | None = None
@@ -455,8 +454,7 @@ class DomainMigration:
     def _tick(self, stats: dict[str, Any]) -> None:
         assert self.run.t_migrate is not None and self.executor is not None
         t = time.time() - self.run.t_migrate
-        snap = snapshot(t, stats, self.executor.throttle_pct, self._disk_write_rate(),
-                        self.page_rate.update(t, stats))
+        snap = snapshot(t, stats, self.executor.throttle_pct, self._disk_write_rate())
         sample = sample_of(t, stats, snap)
         self.run.timeline.append(sample)
         self.progress.sample(t, sample)

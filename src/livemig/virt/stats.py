@@ -10,34 +10,13 @@ from livemig.engine.observe import Observation
 from livemig.policy.base import Snapshot
 
 
-class PageRate:
-    """Bytes/s of guest pages the stream moved between two polls: what QMP's
-    ``pages-per-second`` × page size says in lab and attach runs. libvirt does not
-    pass that figure on, but its job statistics count the pages sent (normal, zero
-    and xbzrle-encoded), whose growth per second is the same measure. Unlike
-    ``memory_bps`` (bytes on the wire) it does not shrink with compression: a zstd
-    stream moved ~2× its wire bytes in pages in the recorded runs."""
-
-    def __init__(self) -> None:
-        self._last: tuple[float, int] | None = None
-
-    def update(self, t: float, stats: dict[str, Any]) -> float:
-        """The rate since the last call (0.0 on the first, or when the counters are
-        absent or went back, as they do when libvirt starts a new job)."""
-        page = int(stats.get("memory_page_size") or 4096)
-        pages = sum(int(stats.get(k) or 0)
-                    for k in ("memory_normal", "memory_constant", "compression_pages"))
-        last, self._last = self._last, (t, pages)
-        if last is None or t <= last[0] or pages < last[1] or not pages:
-            return 0.0
-        return (pages - last[1]) * page / (t - last[0])
-
-
 def snapshot(t: float, stats: dict[str, Any], throttle_pct: int,
-             disk_write_rate: float | None = None, page_rate: float = 0.0) -> Snapshot:
+             disk_write_rate: float | None = None) -> Snapshot:
     """A policy snapshot from libvirt's job statistics (``disk_write_rate``: bytes/s the
-    guest writes to the copied disks, from their block statistics; ``page_rate``: from
-    :class:`PageRate`)."""
+    guest writes to the copied disks, from their block statistics). No page rate:
+    libvirt does not pass QEMU's on, and one derived from its page counters made the
+    converge throttle judge the remainder against the pages drained while QEMU's
+    switchover threshold is in wire bytes (docs/results/libvirt-2026-11-25)."""
     page = int(stats.get("memory_page_size") or 4096)
     return Snapshot(
         t=t,
@@ -53,14 +32,13 @@ def snapshot(t: float, stats: dict[str, Any], throttle_pct: int,
         else None,
         disk_total=_opt_int(stats.get("disk_total")),
         disk_write_rate=disk_write_rate,
-        page_rate=page_rate,
     )
 
 
 def observation(t: float, stats: dict[str, Any], s: Snapshot) -> Observation:
     """The engine's observation of one poll. ``status`` is ``setup`` while libvirt
     prepares the destination, ``disk`` while only the disks are copied, else
-    ``active``; libvirt gives no expected downtime."""
+    ``active``; libvirt gives no expected downtime and no page rate."""
     disk_left = s.disk_remaining or 0
     if not s.ram_total and not s.disk_total:
         status = "setup"  # libvirt is still preparing the destination
@@ -72,7 +50,7 @@ def observation(t: float, stats: dict[str, Any], s: Snapshot) -> Observation:
         t=round(t, 3), status=status, rounds=s.rounds,
         transferred=int(stats.get("memory_processed") or 0), remaining=s.remaining,
         total=s.ram_total, dirty_rate=s.dirty_rate, bandwidth=s.bandwidth,
-        page_rate=s.page_rate, throttle_pct=s.throttle_pct, expected_downtime_ms=None,
+        page_rate=0.0, throttle_pct=s.throttle_pct, expected_downtime_ms=None,
         deferred_pages=None, error=None)
 
 
