@@ -167,6 +167,9 @@ class LibvirtShuttle:
         assert self.running is not None and self.agent is not None
         src, dst = self.running, OTHER[self.running]
         hop = Hop(index, name, src, dst, checker=self.workload.verify is not None)
+        if self.interrupted:  # Ctrl-C while the domain booted: no migration to write
+            hop.report = {"outcome": "aborted", "reason": "interrupted"}
+            return hop
         await asyncio.to_thread(self._place_disk, c.storage, src, dst)
         await asyncio.to_thread(topology.set_link, c.link)
         await asyncio.sleep(self.cfg.warmup)  # heartbeats before: the pause's baseline
