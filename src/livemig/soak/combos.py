@@ -151,7 +151,7 @@ _LIBVIRT = (
               via="libvirt"),
     SoakCombo("libvirt-small-lz4-delta", "lz4-delta", load="small-writes", via="libvirt"),
     SoakCombo("libvirt-small-xbzrle", "xbzrle", load="small-writes", via="libvirt"),
-    SoakCombo("libvirt-pages-lz4-converge", "lz4", "converge", load="whole-pages",
+    SoakCombo("libvirt-pages-converge", "plain", "converge", load="whole-pages",
               via="libvirt"),
     SoakCombo("libvirt-disk-copy", "plain", storage="copy", load="disk-writes",
               via="libvirt"),
