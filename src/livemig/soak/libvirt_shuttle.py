@@ -167,12 +167,12 @@ class LibvirtShuttle:
         assert self.running is not None and self.agent is not None
         src, dst = self.running, OTHER[self.running]
         hop = Hop(index, name, src, dst, checker=self.workload.verify is not None)
-        if self.interrupted:  # Ctrl-C while the domain booted: no migration to write
-            hop.report = {"outcome": "aborted", "reason": "interrupted"}
-            return hop
         await asyncio.to_thread(self._place_disk, c.storage, src, dst)
         await asyncio.to_thread(topology.set_link, c.link)
         await asyncio.sleep(self.cfg.warmup)  # heartbeats before: the pause's baseline
+        if self.interrupted:  # Ctrl-C before the migration began: nothing to write
+            hop.report = {"outcome": "aborted", "reason": "interrupted"}
+            return hop
         hop.t0 = time.time()
         agents = [self.agent]
         rep = await self._migrate(index, c, src, dst, agents)
@@ -222,6 +222,8 @@ class LibvirtShuttle:
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True)  # Ctrl-C reaches it once, through interrupt()
+        if self.interrupted:  # Ctrl-C while it started
+            self.interrupt()
         follow = asyncio.create_task(
             libvirt_lab.follow_to(dst, self.name, BOOT_TIMEOUT_S, agents.append))
         try:
