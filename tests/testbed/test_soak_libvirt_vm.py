@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import INITRD, KERNEL, ROOT, livemig_cmd
-from livemig import libvirt_lab
+from livemig import libvirt_lab, paths
 from livemig.testbed import libvirtd, topology
 
 pytestmark = [pytest.mark.testbed, pytest.mark.libvirt]
@@ -117,6 +117,9 @@ def test_libvirt_soak_ctrl_c_leaves_the_domain_running_and_says_where(tmp_path: 
             libvirt_lab.remove_domain(name)
             for side in libvirtd.SIDES:
                 libvirtd.image_path(side, f"{name}.img").unlink(missing_ok=True)
+            # the hops' reports, kept with the domain
+            shutil.rmtree(paths.run_root() / name.removeprefix("livemig-soak-"),
+                          ignore_errors=True)
         with topology.locked():  # what the soak left up for its domain
             if not was_up:
                 topology.down(quiet=True)
