@@ -107,7 +107,8 @@ class LibvirtShuttle:
                     held.keep = True
                     say(f"interrupted: the domain {self.name} runs on {self.running} "
                         f"({libvirtd.uri(self.running)}); the testbed and its daemons are "
-                        "left up (livemig testbed down removes them all)")
+                        f"left up (livemig testbed down removes them all); the hops' "
+                        f"reports are in {self.dir}")
                     await self._close_agent()
                 else:
                     await self.stop_guest()
