@@ -19,48 +19,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import json
-import logging
 import os
 import sys
 import time
 import uuid
-import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from livemig import metrics, paths
-from livemig.errors import SetupError, VMError
+from livemig import libvirt_lab, metrics, paths
+from livemig.errors import VMError
 from livemig.lab.agent import AgentLink
+from livemig.libvirt_lab import channel_path
 from livemig.settings import PROFILES
-from livemig.testbed import libvirtd, topology
+from livemig.testbed import libvirtd
 from livemig.units import parse_link_rate, parse_size
 
-log = logging.getLogger(__name__)
+__all__ = ["LibvirtRun", "channel_path", "testbed"]
 
 DISK_BYTES = 64 << 20  # a small raw disk on shared storage (RAM is what is measured)
 BOOT_TIMEOUT_S = 120.0  # the agent's first workload counters after the domain starts
 SETTLE_S = 2.0  # the guest's work measured this long after the migration ends
 LAB_ONLY_SETS = ("warmup", "settle")  # the bench does the warm-up itself
-
-
-def _conn(side: str) -> Any:
-    from livemig.virt.conn import libvirt_module
-
-    return libvirt_module().open(libvirtd.local_uri(side))
-
-
-def channel_path(xml: str) -> str:
-    """The agent channel's socket in a live domain XML (libvirt names it)."""
-    root = ET.fromstring(xml)
-    for ch in root.iterfind("./devices/channel"):
-        target = ch.find("target")
-        src = ch.find("source")
-        if target is not None and target.get("name", "").startswith("org.livemig.agent") \
-                and src is not None and src.get("path"):
-            return str(src.get("path"))
-    raise VMError("the domain has no livemig agent channel")
 
 
 class LibvirtRun:
@@ -84,18 +65,11 @@ class LibvirtRun:
         if self.base in PROFILES and "encoding" in PROFILES[self.base]:
             # what the lab hands the attach path: the testbed's link, for the model
             sets.setdefault("link-rate", str(self.sc.get("link", "1gbit")))
-        argv = [sys.executable, "-m", "livemig.cli", "migrate", "--domain", self.name,
-                "--connect", libvirtd.uri("src"), "--to", libvirtd.uri("dst"),
-                "--profile", self.base, "--report", str(report), "-q",
-                # the testbed's shared directory is one file system both daemons see;
-                # libvirt cannot tell it is shared (it is not NFS or a cluster FS)
-                "--unsafe",
-                "--max-time", str(self.sc.get("max_time", 300))]
-        if self.sc.get("bandwidth"):
-            argv += ["--bandwidth", str(self.sc["bandwidth"])]
-        for k, v in sets.items():
-            argv += ["--set", f"{k}={v}"]
-        return argv
+        bandwidth = parse_size(str(self.sc["bandwidth"])) if self.sc.get("bandwidth") \
+            else None
+        return libvirt_lab.migrate_argv(self.name, report, profile=self.base, sets=sets,
+                                        bandwidth=bandwidth,
+                                        max_time=float(self.sc.get("max_time", 300)))
 
     async def run(self) -> dict[str, Any]:
         from livemig.virt.domain import lab_domain_xml
@@ -105,7 +79,7 @@ class LibvirtRun:
         mib = parse_size(str(self.sc["memory"])) >> 20
         xml = lab_domain_xml(self.name, self.qemu, paths.guest_kernel(), paths.guest_initrd(),
                              str(self.image), memory_mib=mib, workload=str(self.sc["workload"]))
-        c = _conn("src")
+        c = libvirt_lab.conn("src")
         try:
             dom = c.defineXML(xml)
             dom.create()
@@ -120,8 +94,7 @@ class LibvirtRun:
             self._cleanup()
 
     async def _agent(self, side: str, path: str) -> AgentLink:
-        a = AgentLink(side, libvirtd.host_view(side, path))
-        await a.connect(BOOT_TIMEOUT_S)
+        a = await libvirt_lab.connect_agent(side, path, BOOT_TIMEOUT_S)
         self.agents.append(a)
         return a
 
@@ -163,37 +136,8 @@ class LibvirtRun:
         return rep
 
     async def _follow_to_destination(self) -> None:
-        """Connect to the agent's channel on the destination as soon as libvirt has
-        started the incoming QEMU (its socket is there from the prepare phase), so
-        the guest's first heartbeats after the switchover are seen when they come."""
-        from livemig.virt.conn import libvirt_module
-
-        libvirt = libvirt_module()
-        c = await asyncio.to_thread(_conn, "dst")
-        try:
-            while True:
-                try:
-                    dom = await asyncio.to_thread(c.lookupByName, self.name)
-                    path = channel_path(await asyncio.to_thread(dom.XMLDesc, 0))
-                    await self._agent("dst", path)
-                    return
-                except (libvirt.libvirtError, VMError):
-                    await asyncio.sleep(0.1)
-        finally:
-            c.close()
-
-    def _hold(self, rep: dict[str, Any], t_end: float) -> tuple[float, float] | None:
-        """The destination held paused for the disk comparison (the lab's verify hold):
-        it ended at the event "destination resumed"."""
-        detail = rep.get("consistency", {}).get("disk_detail") or {}
-        hold = detail.get("hold_s")
-        t0 = rep.get("started_at")
-        resumed = [e["t"] for e in rep.get("events", []) if e.get("event") == "destination resumed"]
-        if hold is None or not resumed or t0 is None:
-            return None
-        start = datetime.datetime.fromisoformat(t0).timestamp()
-        end = start + float(resumed[-1])
-        return (end - float(hold), min(end, t_end))
+        """The agent on the destination from libvirt's prepare phase on."""
+        await libvirt_lab.follow_to("dst", self.name, BOOT_TIMEOUT_S, self.agents.append)
 
     def _rates(self) -> list[Any]:
         return sorted((s for a in self.agents for s in a.rates), key=lambda s: s.t)
@@ -203,65 +147,21 @@ class LibvirtRun:
         wl: dict[str, Any] = {"spec": self.sc["workload"], "measured_by": "bench (agent "
                               "channel of the libvirt domain on each host)"}
         wl.update(metrics.workload_stats(self._rates(), t_ready, t_migrate, t_end,
-                                         self._hold(rep, t_end)).as_dict())
+                                         libvirt_lab.hold_window(rep, t_end)).as_dict())
         return wl
 
     def _pause(self, rep: dict[str, Any], t_migrate: float, t_end: float) -> dict[str, Any]:
-        beats = sorted(b for a in self.agents for b in a.heartbeats)
-        gap = metrics.longest_gap(beats, t_migrate, t_end + 1.0)
-        if gap is None:
-            return {"guest_pause_ms": None}
-        pause = gap.seconds
-        hold = self._hold(rep, t_end)
-        if hold is not None and gap.start <= hold[0] <= gap.end:
-            pause = max(pause - (hold[1] - hold[0]), 0.0)
-        return {"guest_pause_ms": round(pause * 1000.0, 1),
-                "guest_pause_raw_ms": round(gap.seconds * 1000.0, 1)}
+        return libvirt_lab.guest_pause(self.agents, rep, t_migrate, t_end)
 
     def _cleanup(self) -> None:
-        for side in ("src", "dst"):
-            try:
-                c = _conn(side)
-            except Exception as e:  # libvirt's own error class; nothing to clean there
-                log.info("cleanup %s: %s", side, e)
-                continue
-            try:
-                for d in c.listAllDomains():
-                    if d.name() == self.name:
-                        with contextlib.suppress(Exception):
-                            if d.isActive():
-                                d.destroy()  # the bench's own guest
-                        with contextlib.suppress(Exception):
-                            if d.isPersistent():
-                                d.undefine()
-            finally:
-                c.close()
+        libvirt_lab.remove_domain(self.name)  # the bench's own guest
         with contextlib.suppress(OSError):
             self.image.unlink()
 
 
 @contextlib.contextmanager
-def testbed(link: str) -> Any:
+def testbed(link: str) -> Iterator[None]:
     """The testbed with its libvirt daemons, the link shaped for the family; held (the
     testbed lock) while the family runs. What this started is stopped after."""
-    with topology.locked():
-        created = not topology.is_up()
-        bits = parse_link_rate(link)
-        if created:
-            topology.up(bits, owner="bench --via libvirt")
-        else:
-            topology.set_link(bits)
-        started = [s for s in libvirtd.SIDES if not libvirtd.is_running(s)]
-        try:
-            libvirtd.up()
-        except SetupError:
-            if created:
-                topology.down(quiet=True)
-            raise
-        try:
-            yield
-        finally:
-            if started:
-                libvirtd.down()
-            if created:
-                topology.down(quiet=True)
+    with libvirt_lab.testbed(parse_link_rate(link), owner="bench --via libvirt"):
+        yield

@@ -22,6 +22,7 @@ from typing import Any
 
 from livemig import paths, private
 from livemig.errors import VMError
+from livemig.lab.agent import AgentLink
 from livemig.lab.faults import Fault
 from livemig.lab.run import LabRun, MigrateOptions, Running
 from livemig.progress import Progress
@@ -162,17 +163,7 @@ class Shuttle:
         if (spec.disk or (spec.verify and spec.verify.disk)) and not (
                 self.boot.disk or (self.boot.verify and self.boot.verify.disk)):
             raise VMError(f"load {spec.text!r} needs a disk the guest was booted without")
-        agent = self.running.agent
-        agent.ready.clear()
-        n_err = len(agent.errors)
-        await agent.send(f"workload {spec.text}")
-        try:
-            await asyncio.wait_for(agent.ready.wait(), LOAD_READY_TIMEOUT_S)
-        except TimeoutError:
-            raise VMError(f"the guest did not start load {spec.text!r} within "
-                          f"{LOAD_READY_TIMEOUT_S:.0f}s") from None
-        if len(agent.errors) > n_err:
-            raise VMError(f"the guest refused load {spec.text!r}: {agent.errors[-1]}")
+        await change_load(self.running.agent, spec)
         self.workload = spec
 
     async def hop(self, index: int, name: str, c: Combination,
@@ -247,6 +238,21 @@ class Shuttle:
             self.running.vm.config.mem_path.unlink()
         shutil.rmtree(self.running.vm.config.run_dir, ignore_errors=True)
         self.running = None
+
+
+async def change_load(agent: AgentLink, spec: Workload) -> None:
+    """Have the guest's agent restart its workload as ``spec`` (the checker re-stamps
+    its regions) and wait for its "ready"; VMError if it refuses or never says it."""
+    agent.ready.clear()
+    n_err = len(agent.errors)
+    await agent.send(f"workload {spec.text}")
+    try:
+        await asyncio.wait_for(agent.ready.wait(), LOAD_READY_TIMEOUT_S)
+    except TimeoutError:
+        raise VMError(f"the guest did not start load {spec.text!r} within "
+                      f"{LOAD_READY_TIMEOUT_S:.0f}s") from None
+    if len(agent.errors) > n_err:
+        raise VMError(f"the guest refused load {spec.text!r}: {agent.errors[-1]}")
 
 
 def tally(hop: Hop, guest: list[dict[str, Any]]) -> None:

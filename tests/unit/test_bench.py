@@ -127,7 +127,7 @@ def test_summarize_only_reads_the_reports_there(tmp_path):
 
 
 def test_libvirt_bench_finds_the_agent_channel_libvirt_named():
-    from livemig.bench_libvirt import channel_path
+    from livemig.libvirt_lab import channel_path
 
     xml = """<domain><devices>
       <channel type='unix'><source mode='bind' path='/run/x/org.qemu.guest_agent.0'/>

@@ -82,6 +82,21 @@ def test_lz4_needs_the_patched_build() -> None:
     assert p.flags & P.PARALLEL and p.dst_globals == {"multifd-compression": "lz4"}
 
 
+def test_lz4_delta_encoding_reaches_both_ends() -> None:
+    """encoding=lz4-delta is lz4 multifd plus the delta cache, on the source by
+    passthrough and on the destination as -global (it refuses delta packets without)."""
+    delta = P.QemuInfo(STOCK_CAPS, {**PATCHED.parameters, P.DELTA_KEY: 0},
+                       frozenset({"migrate"}))
+    with pytest.raises(UsageError, match="lz4-delta needs the patched"):
+        plan_for("defaults", {"encoding": "lz4-delta"}, qemu=PATCHED)  # no delta key
+    with pytest.raises(UsageError, match="patched"):
+        plan_for("defaults", {"encoding": "lz4-delta"})
+    p = plan_for("defaults", {"encoding": "lz4-delta"}, qemu=delta)
+    assert p.flags & P.PARALLEL
+    assert p.src_qmp == {"multifd-compression": "lz4", P.DELTA_KEY: P.DELTA_CACHE}
+    assert p.dst_globals == {"multifd-compression": "lz4", P.DELTA_KEY: str(P.DELTA_CACHE)}
+
+
 def test_bandwidth_downtime_and_auto_converge_parameters() -> None:
     p = plan_for("defaults", {"downtime-limit": "50", "cpu-throttle-initial": "30",
                               "auto-converge": "on", "max-bandwidth": "10M"},

@@ -151,7 +151,8 @@ def test_ledger_line_has_every_field():
     assert (e["from"], e["to"]) == ("src", "dst")
     assert e["verdicts"] == {"ram": "ok", "disk": "skipped", "checker": "ok"}
     assert e["timings"] == {"total_s": 2.5, "downtime_ms": 35.0, "guest_pause_ms": 40.0,
-                            "network_pause_ms": 50.0, "hop_wall_s": 9.5}
+                            "network_pause_ms": 50.0, "verify_hold_ms": None,
+                            "hop_wall_s": 9.5}
     assert e["fault"] is None and e["guest_lost"] is False and e["time"].endswith("Z")
     json.dumps(e)
 

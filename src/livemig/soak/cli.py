@@ -32,6 +32,13 @@ the ledger; --resume continues after its last hop. --inject-every N corrupts one
 destination in every N on purpose (needs LIVEMIG_ALLOW_FAULT_INJECTION=1): the host
 comparison and the guest checker must both name it.
 
+--path libvirt soaks the way users run instead: a libvirt domain (the same guest)
+defined on the testbed's src libvirt daemon and migrated between the two daemons with
+'livemig migrate --domain', through its own combinations ('--path libvirt --combos
+list'); verified by the in-stream RAM digest, the NBD disk comparison of copied disks
+and the guest's checker; no fault injection. Ctrl-C leaves the domain running where it
+is (said on exit).
+
 exit status: 0 every hop completed and verified (and every fault caught), 1 a hop
 failed or the guest was lost, 2 bad usage, 4 a mismatch or an uncaught fault (the
 ledger names the hop), 130 interrupted (the ledger holds every finished hop).
@@ -49,6 +56,10 @@ def register(sub: Any) -> None:
                    help=f"the JSON-lines ledger (default {DEFAULT_LEDGER})")
     s.add_argument("--resume", action="store_true", help="continue after the ledger's "
                    "last hop (without it, an existing non-empty ledger is refused)")
+    s.add_argument("--path", choices=combos.PATHS, default="lab",
+                   help="lab (default): the lab's ping-pong of a guest livemig boots; "
+                   "libvirt: a libvirt domain between the testbed's two libvirt daemons, "
+                   "each hop 'livemig migrate --domain' (its own combinations)")
     s.add_argument("--combos", metavar="LIST", help="all (default), list (print them and "
                    "exit), or a comma-separated subset in cycling order")
     s.add_argument("--inject-every", type=int, metavar="N", help="one injected fault per "
@@ -75,7 +86,7 @@ def cmd_soak(a: argparse.Namespace) -> int:
         print(summarize.report(s))
         return EXIT_MISMATCH if not s.clean else 0
     if a.combos is not None and a.combos.strip() == "list":
-        for c in combos.COMBOS.values():
+        for c in combos.catalogue(a.path).values():
             print(f"{c.name:27} {c.describe()}")
         return 0
     opts = _options(a)
@@ -90,7 +101,7 @@ def _options(a: argparse.Namespace) -> Any:
     from livemig.soak import ledger
     from livemig.soak.run import SoakOptions
 
-    names = combos.select(a.combos)
+    names = combos.select(a.combos, a.path)
     if a.hops is not None and a.hops < 1:
         raise UsageError("--hops must be at least 1")
     if a.duration is not None and not (math.isfinite(a.duration) and a.duration > 0):
@@ -98,13 +109,19 @@ def _options(a: argparse.Namespace) -> Any:
     if not (math.isfinite(a.max_time) and a.max_time > 0):
         raise UsageError("--max-time must be a positive number of seconds")
     hops = a.hops if a.hops is not None or a.duration is not None else 50
+    if a.inject_every is not None and a.path == "libvirt":
+        raise UsageError("--inject-every applies to lab hops only: faults are injected at "
+                         "the lab's verify hold, which a libvirt migration has not")
+    if a.path == "libvirt" and a.accel == "kvm":
+        raise UsageError("--path libvirt: the domain runs under TCG (type 'qemu'); "
+                         "--accel kvm is for lab hops")
     if a.inject_every is not None:
         if a.inject_every < 1:
             raise UsageError("--inject-every must be at least 1")
         if os.environ.get(FAULT_ENV) != "1":
             raise FaultInjectionRefused(f"--inject-every corrupts the migrated guest on "
                                         f"purpose; set {FAULT_ENV}=1 to allow it")
-        if not any(combos.COMBOS[n].fault_kind for n in names):
+        if not any(combos.for_hop([n], 1).fault_kind for n in names):
             raise UsageError("--inject-every needs a combination whose load runs the "
                              "guest checker (not only idle ones)")
     memory = parse_size(a.memory, "--memory")
@@ -125,7 +142,7 @@ def _options(a: argparse.Namespace) -> Any:
                         qemu=a.qemu or default_qemu(), accel=choice.name,
                         accel_reason=choice.reason, max_time=a.max_time)
     return SoakOptions(names=names, ledger=a.ledger, hops=hops, duration=a.duration,
-                       inject_every=a.inject_every, shuttle=cfg)
+                       inject_every=a.inject_every, shuttle=cfg, path=a.path)
 
 
 def _run(opts: Any) -> int:
@@ -134,8 +151,8 @@ def _run(opts: Any) -> int:
     def say(line: str) -> None:
         print(f"livemig: {line}", file=sys.stderr, flush=True)
 
-    say(f"soak: {len(opts.names)} combinations, ledger {opts.ledger}, accel "
-        f"{opts.shuttle.accel}")
+    say(f"soak: {len(opts.names)} combinations ({opts.path} path), ledger {opts.ledger}, "
+        f"accel {'tcg (libvirt domain)' if opts.path == 'libvirt' else opts.shuttle.accel}")
     soak = Soak(opts, say)
 
     async def go() -> Any:

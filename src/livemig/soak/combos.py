@@ -16,6 +16,12 @@ The ``attach-*`` combinations migrate through the attach path (the two QEMUs' QM
 sockets, no lab hook: the path a user's VMs take), verified by the attach path's own
 check (the in-stream RAM digest on the patched build) and the guest's checker; they
 carry no injected fault (the lab injects at its verify hold, which attach has not).
+
+The ``libvirt-*`` combinations (``livemig soak --path libvirt``, a catalogue of their
+own) migrate a libvirt domain between the testbed's two daemons with ``livemig migrate
+--domain`` (soak/libvirt_shuttle.py): the encodings through the livemig settings, the
+converge throttle under a cap, shared and copied storage (the NBD disk check), every
+load. Their link is the default 1 Gbit/s; they carry no injected fault either.
 """
 
 from __future__ import annotations
@@ -85,8 +91,8 @@ class SoakCombo:
     @property
     def fault_kind(self) -> str | None:
         """The fault a hop of this combination can carry (the checker must own it).
-        None through the attach path: faults are injected by the lab's verify hold,
-        a lab hook the attach path, as for a user's VMs, does not have."""
+        None through the attach and libvirt paths: faults are injected by the lab's
+        verify hold, a lab hook those paths, as for a user's VMs, do not have."""
         load = parse_workload(self.workload)
         if load.verify is None or self.via != "lab":
             return None
@@ -137,22 +143,52 @@ _CATALOGUE = (
 )
 COMBOS: dict[str, SoakCombo] = {c.name: c for c in _CATALOGUE}
 
+# --path libvirt: grouped by load like the lab's, a shared hop first and a copied one
+# second (so that two hops see both storages), every encoding, the converge throttle
+_LIBVIRT = (
+    SoakCombo("libvirt-checker-plain", load="checker", via="libvirt"),
+    SoakCombo("libvirt-checker-zstd-copy", "zstd", storage="copy", load="checker",
+              via="libvirt"),
+    SoakCombo("libvirt-small-lz4-delta", "lz4-delta", load="small-writes", via="libvirt"),
+    SoakCombo("libvirt-small-xbzrle", "xbzrle", load="small-writes", via="libvirt"),
+    SoakCombo("libvirt-pages-converge", "plain", "converge", load="whole-pages",
+              via="libvirt"),
+    SoakCombo("libvirt-disk-copy", "plain", storage="copy", load="disk-writes",
+              via="libvirt"),
+    SoakCombo("libvirt-disk-xbzrle-copy", "xbzrle", storage="copy", load="disk-writes",
+              via="libvirt"),
+    SoakCombo("libvirt-idle-plain", load="idle", via="libvirt"),
+    SoakCombo("libvirt-idle-lz4-copy", "lz4", storage="copy", load="idle", via="libvirt"),
+)
+LIBVIRT_COMBOS: dict[str, SoakCombo] = {c.name: c for c in _LIBVIRT}
+PATHS = ("lab", "libvirt")  # --path: the lab's ping-pong (and attach), or libvirt domains
 
-def select(spec: str | None) -> list[str]:
-    """``--combos``: ``all`` (default) or a comma-separated list, in cycling order."""
+
+def catalogue(path: str = "lab") -> dict[str, SoakCombo]:
+    """The combinations of ``--path``: the lab's (with its attach ones) or libvirt's."""
+    return LIBVIRT_COMBOS if path == "libvirt" else COMBOS
+
+
+def select(spec: str | None, path: str = "lab") -> list[str]:
+    """``--combos``: ``all`` (default) or a comma-separated list, in cycling order,
+    from the catalogue of ``path``."""
+    cat = catalogue(path)
     if spec is None or spec.strip() == "all":
-        return list(COMBOS)
+        return list(cat)
     names = [n.strip() for n in spec.split(",") if n.strip()]
-    bad = [n for n in names if n not in COMBOS]
+    bad = [n for n in names if n not in cat]
     if bad or not names:
-        raise UsageError(f"unknown combination {', '.join(bad) or '(none)'}: choose from "
-                         f"{', '.join(COMBOS)} (or all)")
+        other = [n for n in bad if n in catalogue("lab" if path == "libvirt" else "libvirt")]
+        hint = f" ({other[0]} is a combination of the other --path)" if other else ""
+        raise UsageError(f"unknown combination {', '.join(bad) or '(none)'} for --path "
+                         f"{path}{hint}: choose from {', '.join(cat)} (or all)")
     return names
 
 
 def for_hop(names: list[str], hop: int) -> SoakCombo:
     """The combination of hop ``hop`` (1-based over the whole ledger)."""
-    return COMBOS[names[(hop - 1) % len(names)]]
+    name = names[(hop - 1) % len(names)]
+    return COMBOS[name] if name in COMBOS else LIBVIRT_COMBOS[name]
 
 
 def fault_due(every: int | None, hops_since_fault: int, combo: SoakCombo) -> str | None:

@@ -47,6 +47,9 @@ def entry(hop: Hop, combo: SoakCombo, run_id: str, fault_kind: str | None,
                     "downtime_ms": hop.report.get("downtime_ms"),  # QEMU's
                     "guest_pause_ms": d["guest_pause_ms"],  # the agent's heartbeat gap
                     "network_pause_ms": d["network_pause_ms"],
+                    # the destination held paused for the disk comparison (left out of
+                    # guest_pause_ms, as far as the run measured it)
+                    "verify_hold_ms": hop.report.get("verify_hold_ms"),
                     "hop_wall_s": round(hop.wall_s, 3)},
         "fault": fault, "mismatches": hop.unexplained, "guest_lost": hop.guest_lost,
         "load": load if load is not None else combo.workload,

@@ -5,6 +5,9 @@ way when the time runs out is finished), on Ctrl-C (the hop under way is aborted
 source runs on, it is not written), or when the guest is lost. A failed hop whose source
 runs on is written and the soak goes on: a failure to converge is data, not an end. The
 guest, which livemig booted, is shut down at the end.
+
+``path``: ``lab`` (the lab's ping-pong, :class:`livemig.pingpong.Shuttle`) or ``libvirt``
+(a libvirt domain between the testbed's daemons, :class:`LibvirtShuttle`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from livemig.lab.faults import Fault
 from livemig.pingpong import Shuttle, ShuttleConfig, hop_line
 from livemig.soak import combos, ledger
+from livemig.soak.libvirt_shuttle import LibvirtShuttle
 from livemig.spec import parse_workload
 
 # A stamped block to flip, chosen from the hop number: a large prime spreads the
@@ -33,6 +37,7 @@ class SoakOptions:
     duration: float | None  # seconds: no hop starts after it
     inject_every: int | None
     shuttle: ShuttleConfig
+    path: str = "lab"  # lab | libvirt
 
 
 @dataclass
@@ -52,7 +57,7 @@ class Soak:
     def __init__(self, opts: SoakOptions, say: Callable[[str], None]) -> None:
         self.opts = opts
         self.say = say
-        self.shuttle: Shuttle | None = None
+        self.shuttle: Shuttle | LibvirtShuttle | None = None
         self.book = ledger.Ledger(opts.ledger)
         self.interrupted = False
 
@@ -69,7 +74,8 @@ class Soak:
         t_end = time.monotonic() + o.duration if o.duration else None
         first = combos.for_hop(o.names, out.first_hop)
         boot = combos.boot_load(first)
-        self.shuttle = Shuttle(dataclasses.replace(o.shuttle, workload=boot), prefix="s")
+        cfg = dataclasses.replace(o.shuttle, workload=boot)
+        self.shuttle = LibvirtShuttle(cfg) if o.path == "libvirt" else Shuttle(cfg, prefix="s")
         if self.interrupted:
             return out
         async with self.shuttle.session(self.say) as sh:

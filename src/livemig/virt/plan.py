@@ -106,7 +106,10 @@ LIBVIRT_OWNED_PARAMS = frozenset({
 # parameters the destination must share because they change the stream's encoding
 # (the patched lz4 delta encoding: the destination refuses delta packets unless its
 # own cache size is set too, "set x-multifd-lz4-delta-cache-size on the destination")
-STREAM_PARAMS = frozenset({"multifd-compression", "x-multifd-lz4-delta-cache-size"})
+DELTA_KEY = "x-multifd-lz4-delta-cache-size"  # patched: lz4 multifd delta encoding
+STREAM_PARAMS = frozenset({"multifd-compression", DELTA_KEY})
+# encoding=lz4-delta's delta cache, as policy.encoding.ENCODINGS sets it for a lab run
+DELTA_CACHE = 256 << 20
 # patched QEMU (qemu/patches): the direct throttle, as a command or as a parameter
 THROTTLE_COMMAND = "set-cpu-throttle"
 THROTTLE_CANCEL = "cancel-cpu-throttle"
@@ -300,15 +303,22 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
     elif encoding == "xbzrle" and "xbzrle" not in explicit:
         flags = (flags | COMPRESSED) & ~PARALLEL
         params[P_COMPRESSION] = "xbzrle"
-    elif encoding in ("zstd", "lz4", "plain"):
+    elif encoding in ("zstd", "lz4", "lz4-delta", "plain"):
         flags |= PARALLEL
         if encoding == "zstd":
             src_qmp.setdefault("multifd-compression", "zstd")
-        if encoding == "lz4":
+        if encoding in ("lz4", "lz4-delta"):
             if LZ4_MARK not in qemu.parameters:
-                raise UsageError("encoding=lz4 needs the patched QEMU (multifd lz4); the "
-                                 "domain's emulator lacks it")
+                raise UsageError(f"encoding={encoding} needs the patched QEMU (multifd "
+                                 "lz4); the domain's emulator lacks it")
             src_qmp.setdefault("multifd-compression", "lz4")
+        if encoding == "lz4-delta":
+            if DELTA_KEY not in qemu.parameters:
+                raise UsageError(f"encoding=lz4-delta needs the patched QEMU's {DELTA_KEY}; "
+                                 "the domain's emulator lacks it")
+            # the cache the lab's encoding table gives it; a stream parameter, so the
+            # destination gets it too (dst_globals)
+            src_qmp.setdefault(DELTA_KEY, DELTA_CACHE)
     if src_qmp.get("multifd-compression", "none") != "none":
         flags |= PARALLEL
     if flags & PARALLEL and flags & COMPRESSED:
