@@ -333,31 +333,35 @@ class DomainMigration:
             params[self.libvirt.VIR_MIGRATE_PARAM_DEST_XML] = with_globals(
                 xml, plan.dst_globals)
         box: dict[str, BaseException] = {}
-        # the blocking call gets a connection of its own; polls and abort use the other
-        mig_conn = open_uri(self.opts.src_uri, "--connect")
-        mig_dom = lookup(mig_conn, self.opts.domain, self.opts.src_uri)
-        self._mig_conn = mig_conn
-
-        def body() -> None:
-            try:
-                mig_dom.migrateToURI3(self.opts.dst_uri, params, plan.flags)
-            except BaseException as e:  # handed to the main loop
-                box["error"] = e
-
-        self.progress.step(f"migrating {self.opts.domain}: {self.opts.src_uri} -> "
-                           f"{self.opts.dst_uri} ({', '.join(plan.flag_names())})")
-        shown = {k: (f"<domain XML + {plan.dst_globals}>" if k ==
-                     self.libvirt.VIR_MIGRATE_PARAM_DEST_XML else v)
-                 for k, v in params.items()}
-        self.run.event("migration started", flags=plan.flag_names(), params=shown)
-        self.run.t_migrate = time.time()
-        self._watch_iterations()
-        cpu0 = cpu_seconds(self.dom)
-        cpu_last = cpu0
-        thread = threading.Thread(target=body, name="libvirt-migrate", daemon=True)
-        self._thread = thread
+        # Ctrl-C / SIGTERM are livemig's from here on: before the call is made they
+        # keep it from being made (the source's settings are then put back: finish),
+        # after it they abort libvirt's job
         with self._signals():
-            thread.start()
+            # the blocking call gets a connection of its own; polls and abort use the other
+            mig_conn = open_uri(self.opts.src_uri, "--connect")
+            mig_dom = lookup(mig_conn, self.opts.domain, self.opts.src_uri)
+            self._mig_conn = mig_conn
+
+            def body() -> None:
+                try:
+                    mig_dom.migrateToURI3(self.opts.dst_uri, params, plan.flags)
+                except BaseException as e:  # handed to the main loop
+                    box["error"] = e
+
+            self.progress.step(f"migrating {self.opts.domain}: {self.opts.src_uri} -> "
+                               f"{self.opts.dst_uri} ({', '.join(plan.flag_names())})")
+            shown = {k: (f"<domain XML + {plan.dst_globals}>" if k ==
+                         self.libvirt.VIR_MIGRATE_PARAM_DEST_XML else v)
+                     for k, v in params.items()}
+            self.run.event("migration started", flags=plan.flag_names(), params=shown)
+            self.run.t_migrate = time.time()
+            self._watch_iterations()
+            cpu0 = cpu_seconds(self.dom)
+            cpu_last = cpu0
+            thread = threading.Thread(target=body, name="libvirt-migrate", daemon=True)
+            self._thread = thread
+            if not self._stop.is_set():
+                thread.start()
             downtime_set = False
             abort_until: float | None = None
             last_abort = 0.0
@@ -395,7 +399,9 @@ class DomainMigration:
         if cpu0 is not None and cpu_last is not None:
             self.run.cpu["source"] = round(cpu_last - cpu0, 3)
         err = box.get("error")
-        if thread.is_alive():
+        if thread.ident is None:  # interrupted before the call was made
+            self.run.result = Outcome("aborted", self.stop_reason)
+        elif thread.is_alive():
             self.run.result = Outcome("failed", f"libvirt did not end the migration "
                                       f"within {ABORT_WAIT_S:g} s of the abort")
         elif err is None:
