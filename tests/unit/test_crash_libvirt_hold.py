@@ -18,6 +18,7 @@ STUB = """
 import sys
 import livemig.virt.hold as h
 h.resume_if_paused = lambda d, u: f"RESUMED {d} on {u}"
+h.drop_exports = lambda d, u: f"DROPPED exports of {d} on {u}"
 sys.exit(h.main(sys.argv[1:]))
 """
 
@@ -33,12 +34,16 @@ def _guard(tmp_path: Path, said: bytes) -> str:
 
 
 def test_livemig_died_during_the_comparison_the_domain_is_resumed(tmp_path):
-    assert "RESUMED vm1 on qemu+tls://b/system" in _guard(tmp_path, b"")
+    log = _guard(tmp_path, b"")
+    assert "RESUMED vm1 on qemu+tls://b/system" in log
+    # the comparison's NBD exports go first
+    assert log.index("DROPPED exports of vm1") < log.index("RESUMED")
 
 
 @pytest.mark.parametrize("said", [b"done\n", b"mismatch\ndone\n", b"mismatch\n"])
 def test_decided_or_mismatch_leaves_the_domain_alone(tmp_path, said):
-    assert "RESUMED" not in _guard(tmp_path, said)
+    log = _guard(tmp_path, said)
+    assert "RESUMED" not in log and "DROPPED" not in log
 
 
 def test_start_and_dismiss_with_the_real_guard(tmp_path, monkeypatch):

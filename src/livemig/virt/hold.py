@@ -13,7 +13,8 @@ the destination, or kept it paused because the disks differ: ``mismatch``, then
 ``done``). EOF without ``done`` means livemig died: the guard connects to the
 destination's libvirt and resumes the domain if it is still paused — unless livemig
 had said ``mismatch`` (a destination proven corrupt stays paused; the report and
-the error say how to run it anyway).
+the error say how to run it anyway). Before it resumes, the guard removes the NBD
+exports and server the comparison had opened on the destination's QEMU.
 """
 
 from __future__ import annotations
@@ -103,6 +104,44 @@ def resume_if_paused(domain: str, dst_uri: str) -> str:
             conn.close()
 
 
+def drop_exports(domain: str, dst_uri: str) -> str:
+    """The comparison's NBD exports, NBD server and TLS object removed from the held
+    domain's QEMU (a livemig that died inside the comparison leaves them: a read-only
+    export of the guest's disk on the migration network, and an NBD server that
+    would make the next disk-copying migration of the domain fail); one line.
+
+    The only NBD server on the held destination is the comparison's: libvirt stops
+    its own (the disk copy's) before the migration call returns."""
+    from livemig.errors import LivemigError
+    from livemig.virt import qmp
+    from livemig.virt.conn import find, open_uri
+    from livemig.virt.diskcheck import EXPORT_PREFIX, TLS_ID
+
+    conn = open_uri(dst_uri, "destination")
+    try:
+        dom = find(conn, domain)
+        if dom is None or not dom.isActive():
+            return f"{domain}: not running on {dst_uri}: no export to remove"
+        exports = qmp.command(dom, "query-block-exports") or []
+        ours = [str(e["id"]) for e in exports if str(e.get("id", "")).startswith(
+            EXPORT_PREFIX)]
+        for name in ours:
+            with contextlib.suppress(LivemigError):
+                qmp.command(dom, "block-export-del", id=name, mode="hard")
+        stopped = True
+        try:
+            qmp.command(dom, "nbd-server-stop")
+        except LivemigError:
+            stopped = False  # none was running
+        with contextlib.suppress(LivemigError):
+            qmp.command(dom, "object-del", id=TLS_ID)
+        return (f"{domain}: removed the comparison's exports {ours or 'none'}"
+                f"{' and its NBD server' if stopped else ''}")
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hold-guard %(message)s")
     spec: dict[str, Any] = json.loads(Path(argv[0]).read_text())
@@ -116,6 +155,10 @@ def main(argv: list[str]) -> int:
         log.info("livemig died after a mismatch: the domain stays paused")
         return 0
     log.info("livemig died during the comparison: resuming the destination")
+    try:  # first what the comparison had opened on it (never in the way of the resume)
+        log.info("%s", drop_exports(str(spec["domain"]), str(spec["dst_uri"])))
+    except Exception as e:
+        log.info("removing the comparison's NBD exports failed: %r", e)
     try:
         log.info("%s", resume_if_paused(str(spec["domain"]), str(spec["dst_uri"])))
     except Exception as e:  # log, never a traceback in someone's terminal
