@@ -239,6 +239,9 @@ class Upgrade:
             logf.close()
         t_started = time.time()
         res.new_proc, res.new_pid = proc, proc.pid
+        # a livemig killed from now on leaves two QEMUs: --recover settles them
+        journal.write(self.work, [], self.pid, new_pid=proc.pid,
+                      qmp=str(self.old.socket_path))
         self.events.event("new qemu started", pid=proc.pid, mode=mode)
         try:
             if self.watch is not None:
@@ -260,6 +263,8 @@ class Upgrade:
         res.t_running = new_tr.get("running", res.t_running)
         if self.req.quit_old:
             res.old_exited = await self._quit_old(proc.pid)
+        else:
+            journal.clear(self.work)
         res.outcome = "completed"
         return res
 
@@ -394,6 +399,7 @@ class Upgrade:
                               "one cannot take it back (its device state is stale)")
                 res.new_proc = None
             self.events.event("upgrade failed after the switch", reason=res.reason)
+            journal.clear(self.work)  # said in the reason: nothing for --recover
             return
         if res.new_endpoint is not None:
             await res.new_endpoint.close()
@@ -403,6 +409,7 @@ class Upgrade:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
         res.new_proc = None
+        journal.clear(self.work)
         with contextlib.suppress(LivemigError):
             await self.old.cmd("migrate-set-parameters", mode="normal")
         with contextlib.suppress(LivemigError):
