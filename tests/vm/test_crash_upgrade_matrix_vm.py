@@ -14,6 +14,10 @@ livemig itself (deterministic: the windows are milliseconds wide):
   old QEMU is about to be told to quit (the kill -9 case is
   tests/vm/test_crash_upgrade_vm.py; here it runs with SIGINT too).
 
+The local-migration fallback (``--fallback migrate``, a VM with anonymous RAM) has
+one more: ``migrating``, its new QEMU started (it binds the VM's socket paths at once,
+unlike cpr-transfer's) and the migration about to begin.
+
 After each, with ``livemig upgrade --recover`` run first after a kill -9 (the
 documented remedy): exactly one QEMU process of the VM is left, it runs the guest
 (nothing paused), it serves the VM's QMP path, and no aside socket is left.
@@ -104,14 +108,27 @@ def vm_pids(qmp: Path) -> list[int]:
 @pytest.mark.parametrize("phase", list(PHASES))
 def test_upgrade_signal_matrix(tmp_path: Path, qemu_b: Path,  # noqa: F811
                                phase: str, sig: str) -> None:
-    old, qmp = start_vm(tmp_path, shared=True)
-    kind, at = PHASES[phase]
+    _signal_matrix_case(tmp_path, qemu_b, phase, sig, PHASES[phase])
+
+
+@pytest.mark.parametrize("sig", list(SIGNALS))
+def test_upgrade_fallback_signal_matrix(tmp_path: Path, qemu_b: Path,  # noqa: F811
+                                        sig: str) -> None:
+    _signal_matrix_case(tmp_path, qemu_b, "migrating", sig, ("method", "_migrate"),
+                        "--fallback", "migrate")
+
+
+def _signal_matrix_case(tmp_path: Path, qemu_b: Path, phase: str, sig: str,  # noqa: F811
+                        hook: tuple[str, str], *extra: str) -> None:
+    old, qmp = start_vm(tmp_path, shared=not extra)
+    kind, at = hook
     env = {**os.environ, "LM_KIND": kind, "LM_AT": at, "LM_SIG": str(int(SIGNALS[sig]))}
     pids: list[int] = []
     try:
         assert vm_pids(qmp) == [old.pid]
         r = subprocess.run([sys.executable, "-c", WRAPPER, "upgrade", "--qmp", str(qmp),
-                            "--to-qemu", str(qemu_b)], capture_output=True, text=True,
+                            "--to-qemu", str(qemu_b), *extra], capture_output=True,
+                           text=True,
                            timeout=300, env=env)
         sys.stderr.write(r.stderr[-3000:])
         if sig == "kill":
@@ -124,7 +141,7 @@ def test_upgrade_signal_matrix(tmp_path: Path, qemu_b: Path,  # noqa: F811
         else:
             # before the switch: rolled back (exit 1); from ``migrate`` on: finished
             assert "Traceback" not in r.stderr
-            want = 1 if phase in ("start", "started") else 0
+            want = 1 if phase in ("start", "started", "migrating") else 0
             assert r.returncode == want, r.stderr[-2000:]
         deadline = time.monotonic() + SETTLE_S
         while True:
@@ -139,7 +156,7 @@ def test_upgrade_signal_matrix(tmp_path: Path, qemu_b: Path,  # noqa: F811
         assert journal.pending() == [] or all(str(qmp) not in j.read_text()
                                                for j in journal.pending())
         if pids[0] == old.pid:  # the old QEMU kept the guest: nothing happened to it
-            assert phase in ("start", "started"), phase
+            assert phase in ("start", "started", "migrating"), phase
         else:
             assert old.wait(timeout=15) is not None
             assert Path(os.readlink(f"/proc/{pids[0]}/exe")) == qemu_b.resolve()

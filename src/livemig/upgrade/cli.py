@@ -128,7 +128,8 @@ def _recover() -> int:
             print(line)
         for path in journal.recover(j):
             print(f"put back {path}")
-        if j.exists() and journal.moved_from(j):
+        if j.exists() and journal.moved_from(j) and \
+                journal.read(j).get("phase") != journal.SWITCH:
             print(f"livemig: {j}: some sockets could not be put back (their paths are "
                   "taken again): left as they are", file=sys.stderr)
     if not found:

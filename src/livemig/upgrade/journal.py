@@ -29,6 +29,8 @@ import contextlib
 import json
 import os
 import signal
+import socket
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -39,8 +41,47 @@ JOURNAL = "renames.json"
 SUFFIX = ".livemig-upgrade"
 
 
+SWITCH = "switch"  # the phase of a journal written during the switch
+
+
 def aside(path: str) -> str:
     return f"{path}{SUFFIX}"
+
+
+def _served(path: str) -> bool:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(1.0)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def put_back_before_switch(moves: list[tuple[str, str]]) -> tuple[list[str], bool]:
+    """Undo renames made before the new QEMU started (the old QEMU keeps the guest):
+    a socket the new QEMU left at the original path (dead, nobody accepts on it)
+    goes first; anything else there is never overwritten. (paths restored, whether
+    something was left)."""
+    restored, left = [], False
+    for original, moved in moves:
+        if not os.path.lexists(moved):
+            continue
+        if os.path.lexists(original):
+            if stat.S_ISSOCK(os.lstat(original).st_mode) and not _served(original):
+                with contextlib.suppress(OSError):
+                    os.unlink(original)
+            else:
+                left = True
+                continue
+        try:
+            os.rename(moved, original)
+            restored.append(original)
+        except OSError:
+            left = True
+    return restored, left
 
 
 OLD_EXIT_S = 10.0  # a QEMU told SIGTERM exits in well under a second
@@ -57,7 +98,8 @@ def start_time(pid: int) -> str | None:
 
 
 def write(work: Path, moves: list[tuple[str, str]], old_pid: int | None = None,
-          new_pid: int | None = None, qmp: str | None = None) -> Path:
+          new_pid: int | None = None, qmp: str | None = None, phase: str = "quit"
+          ) -> Path:
     """Record the renames about to be made (original, aside) in ``work``, and the old
     QEMU that is about to quit. Without renames (``moves`` empty): the switch is under
     way, the new QEMU ``new_pid`` started for the VM at ``qmp`` (see
@@ -67,7 +109,7 @@ def write(work: Path, moves: list[tuple[str, str]], old_pid: int | None = None,
     data = {"pid": os.getpid(), "moves": moves, "old_pid": old_pid,
             "old_start": start_time(old_pid) if old_pid else None,
             "new_pid": new_pid, "new_start": start_time(new_pid) if new_pid else None,
-            "qmp": qmp}
+            "qmp": qmp, "phase": phase}
     private.write_text(path, json.dumps(data))  # atomic
     return path
 
@@ -129,7 +171,7 @@ def recover(journal: Path) -> list[str]:
     renames (the switch was under way) ends no process here:
     :func:`livemig.upgrade.recover.settle` decides those first."""
     moves = moved_from(journal)
-    if not moves:
+    if not moves or read(journal).get("phase") == SWITCH:
         return []
     _end_old(journal)
     restored = []
