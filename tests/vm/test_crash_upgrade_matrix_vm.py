@@ -136,6 +136,7 @@ def _signal_matrix_case(tmp_path: Path, qemu_b: Path, phase: str, sig: str,  # n
             time.sleep(2.0)  # what was under way when livemig died settles
             rec = subprocess.run(livemig_cmd("upgrade", "--recover"), capture_output=True,
                                  text=True, timeout=60)
+            sys.stderr.write(rec.stdout + rec.stderr)
             assert rec.returncode == 0, rec.stderr
             assert "Traceback" not in rec.stderr
         else:

@@ -133,11 +133,29 @@ def _query(path: Path, *commands: str) -> list[dict[str, Any]] | None:
 
 
 def _kill(pid: int) -> None:
+    """SIGKILL, then wait until every thread has exited: the leader turns zombie while
+    the other threads still exit, and the sockets close only with the last of them
+    (a socket put back too early would find the path still served)."""
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + GONE_S
-    while procfs.alive(pid) and time.monotonic() < deadline:
+    while not _exited(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def _exited(pid: int) -> bool:
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return True
+    for t in tasks:
+        try:
+            state = (t / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            return False
+    return True
 
 
 def _drop(j: Path) -> None:
