@@ -54,6 +54,12 @@ from livemig.virt import journal, qmp
 pytestmark = [pytest.mark.testbed, pytest.mark.libvirt, pytest.mark.long]
 
 SIGNALS = {"kill": signal.SIGKILL, "int": signal.SIGINT}
+
+
+def _default_sigint() -> None:
+    """Ctrl-C as in a terminal: a test run started in the background (``cmd &`` in a
+    script) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 THRESHOLD = 60  # a passthrough setting livemig changes (QEMU's default: 50)
 DEFAULT_THRESHOLD = 50
 SETTLE_S = 60.0  # libvirt ends the job / the hold guard resumes within seconds
@@ -112,7 +118,7 @@ def _run(name: str, phase: str, sig: str, storage: str) -> tuple[int | None, str
     else:
         cmd = livemig_cmd(*args)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, preexec_fn=_default_sigint)
     seen = ""
     try:
         if hook is None:  # once QEMU's migration runs, a second into it

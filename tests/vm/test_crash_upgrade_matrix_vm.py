@@ -42,6 +42,12 @@ from livemig.upgrade import journal
 pytestmark = [pytest.mark.vm, pytest.mark.long]
 
 SIGNALS = {"kill": signal.SIGKILL, "int": signal.SIGINT}
+
+
+def _default_sigint() -> None:
+    """Ctrl-C as in a terminal: a test run started in the background (``cmd &`` in a
+    script) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 # phase -> (the Upgrade method at whose call livemig signals itself, or the QMP
 # command to the old QEMU before which it does)
 PHASES = {
@@ -128,8 +134,7 @@ def _signal_matrix_case(tmp_path: Path, qemu_b: Path, phase: str, sig: str,  # n
         assert vm_pids(qmp) == [old.pid]
         r = subprocess.run([sys.executable, "-c", WRAPPER, "upgrade", "--qmp", str(qmp),
                             "--to-qemu", str(qemu_b), *extra], capture_output=True,
-                           text=True,
-                           timeout=300, env=env)
+                           text=True, timeout=300, env=env, preexec_fn=_default_sigint)
         sys.stderr.write(r.stderr[-3000:])
         if sig == "kill":
             assert r.returncode == -9, r.stderr[-2000:]
