@@ -152,6 +152,7 @@ class DomainMigration:
         self._thread: threading.Thread | None = None
         self._mig_conn: Any = None
         self._event_id: int | None = None
+        self._interruptible = False  # a signal now stops the disk comparison
 
     # -- phase 1 ------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -432,6 +433,9 @@ class DomainMigration:
         def handler(signum: int, _frame: object) -> None:
             self.stop_reason = f"interrupted ({signal.Signals(signum).name})"
             self._stop.set()
+            if self._interruptible:  # once: the comparison's cleanup runs undisturbed
+                self._interruptible = False
+                raise KeyboardInterrupt
         old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
@@ -532,7 +536,15 @@ class DomainMigration:
                                f"{self.disk_method}); the destination is held paused")
             guard = hold.start(o.domain, o.dst_uri)  # resumes dst should livemig die now
             t0 = time.monotonic()
-            self.run.disk_check = self._compare_disks(dst)
+            self._interruptible = True
+            try:
+                self.run.disk_check = self._compare_disks(dst)
+            except KeyboardInterrupt:  # Ctrl-C / SIGTERM: stop comparing, resume
+                self.run.disk_check = {"result": "skipped", "method": self.disk_method,
+                                       "why": f"{self.stop_reason}: comparison stopped"}
+                self.run.event("disk check stopped", reason=self.stop_reason)
+            finally:
+                self._interruptible = False
             self.progress.step(f"disks {self.run.disk_check['result']} in "
                                f"{time.monotonic() - t0:.2f} s")
             if self.run.disk_check.get("result") == "mismatch":
@@ -670,7 +682,13 @@ def run_domain_migration(opts: DomainOptions, progress: Progress,
         if on_prepared:
             on_prepared(m)
         m.migrate()
-        m.finish()
+        # after the call libvirt has decided: a signal now is noted, the bookkeeping
+        # (restores, checks, the report) finished; it stops only a disk comparison
+        with m._signals():
+            m.finish()
+        if m.stop_reason is not None and m.run.result.outcome == "completed":
+            m.run.event("stop asked once the migration had completed: finished, not "
+                        "undone", reason=m.stop_reason)
     except libvirt.libvirtError as e:  # before the migration started: one line
         if m.run.t_migrate is None and m.dom is not None:
             with contextlib.suppress(Exception):
