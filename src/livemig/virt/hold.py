@@ -164,16 +164,18 @@ def resume_when_migrated(domain: str, src_uri: str, dst_uri: str) -> str:
     libvirt = libvirt_module()
     none = libvirt.VIR_DOMAIN_JOB_NONE
     deadline = time.monotonic() + JOB_WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            src = open_uri(src_uri, "source")
-            dst = open_uri(dst_uri, "destination")
+    conns: tuple[Any, Any] | None = None  # kept across polls; reopened after an error
+    try:
+        while time.monotonic() < deadline:
             try:
+                if conns is None:
+                    conns = (open_uri(src_uri, "source"), open_uri(dst_uri, "destination"))
+                src, dst = conns
                 s = find(src, domain)
                 if s is not None and s.isActive():
                     if s.jobInfo()[0] == none:  # failed, aborted or never made
-                        return f"{domain}: the migration did not complete: it stays on " \
-                               f"{src_uri}"
+                        return (f"{domain}: the migration did not complete: it stays on "
+                                f"{src_uri}")
                 else:
                     d = find(dst, domain)
                     if d is not None and d.isActive() and d.jobInfo()[0] == none:
@@ -183,14 +185,20 @@ def resume_when_migrated(domain: str, src_uri: str, dst_uri: str) -> str:
                         d.resume()
                         return (f"{domain}: migrated without livemig; resumed on "
                                 f"{dst_uri} (was paused, reason {reason}; not compared)")
-            finally:
-                for c in (src, dst):
-                    with contextlib.suppress(Exception):
-                        c.close()
-        except Exception as e:  # a daemon restarting: try again
-            log.info("waiting for the migration job: %r", e)
-        time.sleep(JOB_POLL_S)
+            except Exception as e:  # a daemon restarting: try again
+                log.info("waiting for the migration job: %r", e)
+                _close(conns)
+                conns = None
+            time.sleep(JOB_POLL_S)
+    finally:
+        _close(conns)
     return f"{domain}: the migration job did not end within {JOB_WAIT_S:.0f} s: left"
+
+
+def _close(conns: tuple[Any, Any] | None) -> None:
+    for c in conns or ():
+        with contextlib.suppress(Exception):
+            c.close()
 
 
 def main(argv: list[str]) -> int:
