@@ -118,7 +118,7 @@ def _run(name: str, phase: str, sig: str, storage: str) -> tuple[int | None, str
     if phase == "copying":
         args += ["--bandwidth", "4M"]
     elif phase == "copying-disk":  # slow enough to be killed in, converging without it
-        args += ["--bandwidth", "8M"]
+        args += ["--bandwidth", "4M"]
     env = dict(os.environ)
     if hook is not None:
         env.update(LM_AT=hook, LM_WHEN=when, LM_SIG=str(int(SIGNALS[sig])))
