@@ -115,10 +115,8 @@ def _run(name: str, phase: str, sig: str, storage: str) -> tuple[int | None, str
             "--set", f"throttle-trigger-threshold={THRESHOLD}"]
     if storage == "shared":
         args.append("--unsafe")
-    if phase == "copying":
-        args += ["--bandwidth", "4M"]
-    elif phase == "copying-disk":  # slow enough to be killed in, converging without it
-        args += ["--bandwidth", "4M"]
+    if phase.startswith("copying"):  # slow: the kill lands well inside the call
+        args += ["--bandwidth", "4M"]  # (copying-disk's guest converges without livemig)
     env = dict(os.environ)
     if hook is not None:
         env.update(LM_AT=hook, LM_WHEN=when, LM_SIG=str(int(SIGNALS[sig])))

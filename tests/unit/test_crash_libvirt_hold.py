@@ -19,15 +19,14 @@ import sys
 import livemig.virt.hold as h
 h.resume_if_paused = lambda d, u: f"RESUMED {d} on {u}"
 h.drop_exports = lambda d, u: f"DROPPED exports of {d} on {u}"
-h.resume_when_migrated = lambda d, s, u: f"AWAITED the job of {d} from {s} to {u}"
 sys.exit(h.main(sys.argv[1:]))
 """
 
 
-def _guard(tmp_path: Path, said: bytes, src_uri: str | None = None) -> str:
+def _guard(tmp_path: Path, said: bytes) -> str:
     spec = tmp_path / "hold.json"
     spec.write_text(json.dumps({"domain": "vm1", "dst_uri": "qemu+tls://b/system",
-                                "src_uri": src_uri, "watch_pid": os.getpid()}))
+                                "watch_pid": os.getpid()}))
     p = subprocess.run([sys.executable, "-c", STUB, str(spec)], input=said,
                        capture_output=True, timeout=30)
     assert p.returncode == 0, p.stderr
@@ -57,22 +56,3 @@ def test_start_and_dismiss_with_the_real_guard(tmp_path, monkeypatch):
     assert d.parent == tmp_path / "run" / "libvirt-hold" and "/" not in d.name
     assert "livemig decided" in (d / "hold.log").read_text()
     assert (d.stat().st_mode & 0o777) == 0o700
-
-
-def test_livemig_died_before_its_call_returned_the_guard_awaits_libvirts_job(tmp_path):
-    """Started before the call (a source URI in its spec), no ``called`` yet: libvirt
-    carries the job on alone; the guard waits for it instead of resuming at once."""
-    log = _guard(tmp_path, b"", src_uri="qemu+tls://a/system")
-    assert "AWAITED the job of vm1 from qemu+tls://a/system" in log
-    assert "RESUMED" not in log and "DROPPED" not in log
-
-
-def test_after_the_call_returned_the_guard_resumes_as_before(tmp_path):
-    log = _guard(tmp_path, b"called\n", src_uri="qemu+tls://a/system")
-    assert "RESUMED vm1" in log and "AWAITED" not in log
-
-
-@pytest.mark.parametrize("said", [b"done\n", b"called\ndone\n"])
-def test_a_run_that_decided_leaves_the_domain_alone(tmp_path, said):
-    log = _guard(tmp_path, said, src_uri="qemu+tls://a/system")
-    assert "RESUMED" not in log and "AWAITED" not in log

@@ -6,18 +6,12 @@ the copied disks before it resumes the destination. Under libvirt the source is
 gone by then: the paused destination is the only copy of the guest. If livemig dies
 during the comparison (kill -9, SIGTERM, Ctrl-C, a crash), nothing would resume it.
 
-Before the migration call livemig starts this guard (a plan with
-``VIR_MIGRATE_PAUSED``): a detached process (its own
+Before the comparison livemig starts this guard: a detached process (its own
 session: no signal to livemig's process group reaches it) that blocks reading a
-pipe only livemig writes to. The migration thread writes ``called`` as soon as the
-call has returned; livemig writes ``done`` once it has decided (resumed the
-destination, kept it paused because the disks differ: ``mismatch``, then ``done``, or
-the migration did not complete). EOF without ``done`` means livemig died. Before
-``called``: libvirt carries the peer-to-peer job on alone, and with the PAUSED flag a
-job that completes leaves the domain paused on the destination with nobody to resume
-it: the guard waits for the job to end and resumes the domain if it ended there
-paused (not compared). After ``called``: the guard connects to the destination's
-libvirt and resumes the domain if it is still paused — unless livemig
+pipe only livemig writes to. livemig writes ``done`` once it has decided (resumed
+the destination, or kept it paused because the disks differ: ``mismatch``, then
+``done``). EOF without ``done`` means livemig died: the guard connects to the
+destination's libvirt and resumes the domain if it is still paused — unless livemig
 had said ``mismatch`` (a destination proven corrupt stays paused; the report and
 the error say how to run it anyway). Before it resumes, the guard removes the NBD
 exports and server the comparison had opened on the destination's QEMU.
@@ -31,7 +25,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +35,6 @@ log = logging.getLogger("livemig.virt.hold")
 
 MISMATCH = "mismatch"
 DONE = "done"
-CALLED = "called"  # the migration call returned: the destination is held paused
-JOB_WAIT_S = 12 * 3600.0  # a job libvirt carries on alone ends when it converges or fails
-JOB_POLL_S = 2.0
 
 
 class Guard:
@@ -75,15 +65,13 @@ def guard_dir(domain: str) -> Path:
     return paths.run_root() / "libvirt-hold" / safe
 
 
-def start(domain: str, dst_uri: str, src_uri: str | None = None) -> Guard:
-    """Start the guard for ``domain`` to be held paused on ``dst_uri``: before the
-    migration call (``src_uri`` given; livemig tells it ``called`` once the call has
-    returned) or once the destination is held."""
+def start(domain: str, dst_uri: str) -> Guard:
+    """Start the guard for ``domain`` held paused on ``dst_uri``."""
     d = guard_dir(domain)
     private.make_dir(d)
     spec = d / "hold.json"
     private.write_text(spec, json.dumps({"domain": domain, "dst_uri": dst_uri,
-                                         "src_uri": src_uri, "watch_pid": os.getpid()}))
+                                         "watch_pid": os.getpid()}))
     rfd, wfd = os.pipe()
     logf = os.fdopen(private.open_file(d / "hold.log", append=True), "ab")
     try:
@@ -154,53 +142,6 @@ def drop_exports(domain: str, dst_uri: str) -> str:
             conn.close()
 
 
-def resume_when_migrated(domain: str, src_uri: str, dst_uri: str) -> str:
-    """livemig died before its migration call returned: libvirt carries the
-    peer-to-peer job on alone. Wait until it ends; if the domain ended on the
-    destination, held paused (``VIR_MIGRATE_PAUSED``) with nobody left to compare
-    and resume it, resume it; one line."""
-    from livemig.virt.conn import find, libvirt_module, open_uri
-
-    libvirt = libvirt_module()
-    none = libvirt.VIR_DOMAIN_JOB_NONE
-    deadline = time.monotonic() + JOB_WAIT_S
-    conns: tuple[Any, Any] | None = None  # kept across polls; reopened after an error
-    try:
-        while time.monotonic() < deadline:
-            try:
-                if conns is None:
-                    conns = (open_uri(src_uri, "source"), open_uri(dst_uri, "destination"))
-                src, dst = conns
-                s = find(src, domain)
-                if s is not None and s.isActive():
-                    if s.jobInfo()[0] == none:  # failed, aborted or never made
-                        return (f"{domain}: the migration did not complete: it stays on "
-                                f"{src_uri}")
-                else:
-                    d = find(dst, domain)
-                    if d is not None and d.isActive() and d.jobInfo()[0] == none:
-                        state, reason = d.state()
-                        if state != libvirt.VIR_DOMAIN_PAUSED:
-                            return f"{domain}: on {dst_uri}, state {state}: left as it is"
-                        d.resume()
-                        return (f"{domain}: migrated without livemig; resumed on "
-                                f"{dst_uri} (was paused, reason {reason}; not compared)")
-            except Exception as e:  # a daemon restarting: try again
-                log.info("waiting for the migration job: %r", e)
-                _close(conns)
-                conns = None
-            time.sleep(JOB_POLL_S)
-    finally:
-        _close(conns)
-    return f"{domain}: the migration job did not end within {JOB_WAIT_S:.0f} s: left"
-
-
-def _close(conns: tuple[Any, Any] | None) -> None:
-    for c in conns or ():
-        with contextlib.suppress(Exception):
-            c.close()
-
-
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hold-guard %(message)s")
     spec: dict[str, Any] = json.loads(Path(argv[0]).read_text())
@@ -212,16 +153,6 @@ def main(argv: list[str]) -> int:
         return 0
     if MISMATCH in words:
         log.info("livemig died after a mismatch: the domain stays paused")
-        return 0
-    if spec.get("src_uri") and CALLED not in words:
-        log.info("livemig died before its migration call returned: waiting for "
-                 "libvirt's job to end")
-        try:
-            log.info("%s", resume_when_migrated(str(spec["domain"]), str(spec["src_uri"]),
-                                                str(spec["dst_uri"])))
-        except Exception as e:  # log, never a traceback in someone's terminal
-            log.info("resume failed: %r", e)
-            return 1
         return 0
     log.info("livemig died during the comparison: resuming the destination")
     try:  # first what the comparison had opened on it (never in the way of the resume)

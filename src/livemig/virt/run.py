@@ -153,7 +153,6 @@ class DomainMigration:
         self._mig_conn: Any = None
         self._event_id: int | None = None
         self._interruptible = False  # a signal now stops the disk comparison
-        self._guard: hold.Guard | None = None  # started before a PAUSED migration call
 
     # -- phase 1 ------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -344,19 +343,11 @@ class DomainMigration:
             mig_dom = lookup(mig_conn, self.opts.domain, self.opts.src_uri)
             self._mig_conn = mig_conn
 
-            if plan.flags & PAUSED:  # the destination will be held: never for good
-                self._guard = hold.start(self.opts.domain, self.opts.dst_uri,
-                                         self.opts.src_uri)
-            guard = self._guard
-
             def body() -> None:
                 try:
                     mig_dom.migrateToURI3(self.opts.dst_uri, params, plan.flags)
                 except BaseException as e:  # handed to the main loop
                     box["error"] = e
-                    return
-                if guard is not None:
-                    guard.tell(hold.CALLED)
 
             self.progress.step(f"migrating {self.opts.domain}: {self.opts.src_uri} -> "
                                f"{self.opts.dst_uri} ({', '.join(plan.flag_names())})")
@@ -543,9 +534,7 @@ class DomainMigration:
         if plan.flags & PAUSED:
             self.progress.step(f"comparing the copied disks (disk-check="
                                f"{self.disk_method}); the destination is held paused")
-            # resumes dst should livemig die now (started before the call)
-            guard = self._guard or hold.start(o.domain, o.dst_uri)
-            self._guard = None
+            guard = hold.start(o.domain, o.dst_uri)  # resumes dst should livemig die now
             t0 = time.monotonic()
             self._interruptible = True
             try:
@@ -632,9 +621,6 @@ class DomainMigration:
         return res
 
     def _finish_source_kept(self) -> None:
-        if self._guard is not None:  # nothing held: the domain stays on the source
-            self._guard.dismiss()
-            self._guard = None
         try:
             self._restore_source()
             state, _ = self.dom.state()
