@@ -110,8 +110,9 @@ def drop_exports(domain: str, dst_uri: str) -> str:
     export of the guest's disk on the migration network, and an NBD server that
     would make the next disk-copying migration of the domain fail); one line.
 
-    The only NBD server on the held destination is the comparison's: libvirt stops
-    its own (the disk copy's) before the migration call returns."""
+    Only when an export of the comparison is there: then the NBD server on the held
+    destination is the comparison's (libvirt stops its own, the disk copy's, before
+    the migration call returns); otherwise nothing is touched."""
     from livemig.errors import LivemigError
     from livemig.virt import qmp
     from livemig.virt.conn import find, open_uri
@@ -125,18 +126,16 @@ def drop_exports(domain: str, dst_uri: str) -> str:
         exports = qmp.command(dom, "query-block-exports") or []
         ours = [str(e["id"]) for e in exports if str(e.get("id", "")).startswith(
             EXPORT_PREFIX)]
+        if not ours:  # the server, if any, is not the comparison's (libvirt's copy)
+            return f"{domain}: no export of the comparison on {dst_uri}"
         for name in ours:
             with contextlib.suppress(LivemigError):
                 qmp.command(dom, "block-export-del", id=name, mode="hard")
-        stopped = True
-        try:
+        with contextlib.suppress(LivemigError):
             qmp.command(dom, "nbd-server-stop")
-        except LivemigError:
-            stopped = False  # none was running
         with contextlib.suppress(LivemigError):
             qmp.command(dom, "object-del", id=TLS_ID)
-        return (f"{domain}: removed the comparison's exports {ours or 'none'}"
-                f"{' and its NBD server' if stopped else ''}")
+        return f"{domain}: removed the comparison's exports {ours} and its NBD server"
     finally:
         with contextlib.suppress(Exception):
             conn.close()
