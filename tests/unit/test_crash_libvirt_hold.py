@@ -25,6 +25,7 @@ def resume(d, u, s):  # a migration job holds the domain for the first two looks
         raise RuntimeError("cannot acquire state change lock")
     return None if len(calls) < 3 else f"RESUMED {d} on {u} (look {len(calls)}, src {s})"
 h.resume_if_paused = resume
+h.drop_exports = lambda d, u: f"DROPPED exports of {d} on {u}"
 sys.exit(h.main(sys.argv[1:]))
 """
 
@@ -67,3 +68,8 @@ def test_start_and_dismiss_with_the_real_guard(tmp_path, monkeypatch):
     assert d.parent == tmp_path / "run" / "libvirt-hold" and "/" not in d.name
     assert "livemig decided" in (d / "hold.log").read_text()
     assert (d.stat().st_mode & 0o777) == 0o700
+
+
+def test_the_comparisons_exports_go_before_the_resume(tmp_path):
+    rc, log = _guard(tmp_path, b"")
+    assert rc == 0 and log.index("DROPPED exports of vm1") < log.index("RESUMED")

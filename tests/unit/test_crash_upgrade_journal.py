@@ -169,3 +169,106 @@ def test_an_interrupt_before_the_switch_touches_nothing(tmp_path):
         asyncio.run(up.run())
     assert not (tmp_path / "work").exists()
     assert set(old.calls) <= {"query-status", "query-migrate"}  # only looked
+
+
+# -- a livemig killed during the switch (the journal has no renames yet) ----------------
+def _switch_journal(run_root: Path, qmp: Path, old_pid: int, new_pid: int,
+                    moves: list[tuple[str, str]] | None = None) -> Path:
+    j = journal.write(run_root / "upgrade-u7654321", moves or [], old_pid,
+                      new_pid=new_pid, qmp=str(qmp), phase=journal.SWITCH)
+    data = json.loads(j.read_text())
+    data["pid"] = 999999999  # that livemig is dead
+    j.write_text(json.dumps(data))
+    return j
+
+
+def test_recover_kills_a_new_qemu_that_never_got_the_guest(run_root, tmp_path, capsys):
+    """The new process does not serve the VM's QMP path (cpr-transfer: it never got
+    the CPR state): it goes; the old one (here: this process's socket) is untouched."""
+    qmp = tmp_path / "vm.qmp"
+    served = _sock(qmp)
+    old = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    new = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        j = _switch_journal(run_root, qmp, old.pid, new.pid)
+        assert journal.pending() == [j]
+        assert main(["upgrade", "--recover"]) == 0
+        out = capsys.readouterr().out
+        assert f"killed the new QEMU (pid {new.pid})" in out, out
+        assert new.wait(timeout=10) == -9
+        assert old.poll() is None and qmp.exists()  # the old one and its socket stay
+        assert not j.exists() and journal.pending() == []
+    finally:
+        served.close()
+        for p in (old, new):
+            p.kill()
+            p.wait()
+
+
+def test_recover_leaves_the_old_qemu_when_the_new_one_is_gone(run_root, tmp_path, capsys):
+    qmp = tmp_path / "vm.qmp"
+    served = _sock(qmp)
+    old = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    new = subprocess.Popen([sys.executable, "-c", "pass"])
+    new.wait()
+    try:
+        j = _switch_journal(run_root, qmp, old.pid, new.pid)
+        assert main(["upgrade", "--recover"]) == 0
+        assert "is gone: the old one" in capsys.readouterr().out
+        assert old.poll() is None  # a switch journal never ends the old QEMU by itself
+        assert not j.exists()
+    finally:
+        served.close()
+        old.kill()
+        old.wait()
+
+
+def test_a_switch_journal_alone_ends_no_process(run_root, tmp_path):
+    """journal.recover (the renames' part) on a journal without renames: nothing."""
+    old = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        j = _switch_journal(run_root, tmp_path / "vm.qmp", old.pid, old.pid)
+        assert journal.recover(j) == []
+        assert old.poll() is None and j.exists()
+    finally:
+        old.kill()
+        old.wait()
+
+
+def test_recover_puts_back_what_the_fallback_moved_aside_before_the_new_qemu(
+        run_root, tmp_path, capsys):
+    """The local-migration fallback moves the old QEMU's sockets aside before the new
+    QEMU starts (it binds the same paths at once); the new one died (kill -9 of both:
+    its dead socket is at the path): the dead socket goes, the old one's comes back."""
+    qmp = tmp_path / "vm.qmp"
+    old_sock = _sock(qmp)
+    os.rename(qmp, journal.aside(str(qmp)))
+    dead = _sock(qmp)
+    dead.close()  # closed, the file stays: nobody accepts on it
+    old = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    new = subprocess.Popen([sys.executable, "-c", "pass"])
+    new.wait()
+    try:
+        j = _switch_journal(run_root, qmp, old.pid, new.pid,
+                            [(str(qmp), journal.aside(str(qmp)))])
+        assert main(["upgrade", "--recover"]) == 0
+        assert f"put back {qmp}" in capsys.readouterr().out
+        assert not Path(journal.aside(str(qmp))).exists() and not j.exists()
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(str(qmp))  # the old QEMU's listening socket again
+        s.close()
+        assert old.poll() is None
+    finally:
+        old_sock.close()
+        old.kill()
+        old.wait()
+
+
+def test_put_back_before_switch_never_overwrites_a_live_path(tmp_path):
+    qmp = tmp_path / "vm.qmp"
+    aside = journal.aside(str(qmp))
+    Path(aside).write_text("the old one's")
+    qmp.write_text("the user's own file")
+    restored, left = journal.put_back_before_switch([(str(qmp), aside)])
+    assert restored == [] and left
+    assert qmp.read_text() == "the user's own file" and Path(aside).exists()

@@ -21,7 +21,7 @@ from livemig.errors import UsageError, VMError
 from livemig.progress import Progress
 from livemig.report import AttachFacts, build_report, summary, write_report
 from livemig.units import parse_size
-from livemig.upgrade import journal
+from livemig.upgrade import journal, recover
 from livemig.upgrade.switch import MODES, Request, Upgrade
 
 DOC = """\
@@ -124,9 +124,12 @@ def _recover() -> int:
     """``--recover``: the sockets interrupted upgrades moved aside go back."""
     found = journal.pending()
     for j in found:
+        for line in recover.settle(j):
+            print(line)
         for path in journal.recover(j):
             print(f"put back {path}")
-        if j.exists():
+        if j.exists() and journal.moved_from(j) and \
+                journal.read(j).get("phase") != journal.SWITCH:
             print(f"livemig: {j}: some sockets could not be put back (their paths are "
                   "taken again): left as they are", file=sys.stderr)
     if not found:

@@ -146,6 +146,7 @@ class Upgrade:
         self.old_argv = argv
         self.work = req.work_dir
         self._grabbed: list[int] = []
+        self._moved: list[tuple[str, str]] = []  # sockets moved aside before the switch
         self._tasks: list[asyncio.Task[None]] = []
         # Ctrl-C / SIGTERM: honoured up to the switch (nothing is lost: the old QEMU
         # runs on, the new one goes); from ``migrate`` on the switch takes milliseconds
@@ -228,17 +229,24 @@ class Upgrade:
         argv = procfs.netns_prefix(self.pid) + argvmod.new_argv(
             self.old_argv, str(self.req.to_qemu), incoming, fds, timing.trace_args(trace_log))
         res = Result(outcome="failed", mode=mode, old_pid=self.pid, new_argv=argv)
+        if mode == "migrate":
+            self._moved = self._sockets_aside()
         logf = open(self.work / "new.log", "wb")  # noqa: SIM115 - handed to the child
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     pass_fds=list(fds.values()))
         except OSError as e:
+            journal.put_back_before_switch(self._moved)
+            journal.clear(self.work)
             raise VMError(f"cannot run {self.req.to_qemu}: {e.strerror}") from e
         finally:
             logf.close()
         t_started = time.time()
         res.new_proc, res.new_pid = proc, proc.pid
+        # a livemig killed from now on leaves two QEMUs: --recover settles them
+        journal.write(self.work, self._moved, self.pid, new_pid=proc.pid,
+                      qmp=str(self.old.socket_path), phase=journal.SWITCH)
         self.events.event("new qemu started", pid=proc.pid, mode=mode)
         try:
             if self.watch is not None:
@@ -260,6 +268,8 @@ class Upgrade:
         res.t_running = new_tr.get("running", res.t_running)
         if self.req.quit_old:
             res.old_exited = await self._quit_old(proc.pid)
+        else:
+            journal.clear(self.work)
         res.outcome = "completed"
         return res
 
@@ -302,6 +312,27 @@ class Upgrade:
         res.downtime_ms = rec.downtime_ms
         res.total_ms = rec.total_ms
         res.t_running = await self._wait_running(new, proc)
+
+    def _sockets_aside(self) -> list[tuple[str, str]]:
+        """The local migration's new QEMU binds the VM's socket paths as it starts,
+        unlinking the old QEMU's: after a rollback the old one would be unreachable.
+        Its listening sockets named on its command line are moved aside first (the
+        journal says so before the first rename); a rollback puts them back, the quit
+        replaces them by the new QEMU's while the old one exits."""
+        listening = procfs.listening_unix_paths(self.pid)
+        named = [p for p in sorted(listening) if any(p in a for a in self.old_argv)]
+        moves = [(p, journal.aside(p)) for p in named
+                 if os.path.lexists(p) and not os.path.lexists(journal.aside(p))]
+        if not moves:
+            return []
+        journal.write(self.work, moves, self.pid, qmp=str(self.old.socket_path),
+                      phase=journal.SWITCH)
+        done = []
+        for p, aside in moves:
+            with contextlib.suppress(OSError):
+                os.rename(p, aside)
+                done.append((p, aside))
+        return done
 
     def _grab_taps(self) -> dict[str, int]:
         """netdev id -> a duplicate of the old QEMU's open tap, in this process."""
@@ -394,6 +425,7 @@ class Upgrade:
                               "one cannot take it back (its device state is stale)")
                 res.new_proc = None
             self.events.event("upgrade failed after the switch", reason=res.reason)
+            journal.clear(self.work)  # said in the reason: nothing for --recover
             return
         if res.new_endpoint is not None:
             await res.new_endpoint.close()
@@ -403,6 +435,9 @@ class Upgrade:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
         res.new_proc = None
+        journal.put_back_before_switch(self._moved)
+        self._moved = []
+        journal.clear(self.work)
         with contextlib.suppress(LivemigError):
             await self.old.cmd("migrate-set-parameters", mode="normal")
         with contextlib.suppress(LivemigError):

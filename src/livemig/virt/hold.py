@@ -18,6 +18,8 @@ on). EOF without ``done`` means livemig died: unless livemig had said ``mismatch
 it anyway), the guard waits until no migration job holds the domain, then resumes
 it on the destination if it is paused there, or leaves it where it runs (a migration
 that failed: libvirt keeps the source).
+Before it resumes, the guard removes the NBD exports and server the comparison
+had opened on the destination's QEMU.
 """
 
 from __future__ import annotations
@@ -131,6 +133,43 @@ def _in_job(dom: Any, libvirt: Any) -> bool:
         return True  # cannot tell: ask again
 
 
+def drop_exports(domain: str, dst_uri: str) -> str:
+    """The comparison's NBD exports, NBD server and TLS object removed from the held
+    domain's QEMU (a livemig that died inside the comparison leaves them: a read-only
+    export of the guest's disk on the migration network, and an NBD server that
+    would make the next disk-copying migration of the domain fail); one line.
+
+    Only when an export of the comparison is there: then the NBD server on the held
+    destination is the comparison's (libvirt stops its own, the disk copy's, before
+    the migration call returns); otherwise nothing is touched."""
+    from livemig.errors import LivemigError
+    from livemig.virt import qmp
+    from livemig.virt.conn import find, open_uri
+    from livemig.virt.diskcheck import EXPORT_PREFIX, TLS_ID
+
+    conn = open_uri(dst_uri, "destination")
+    try:
+        dom = find(conn, domain)
+        if dom is None or not dom.isActive():
+            return f"{domain}: not running on {dst_uri}: no export to remove"
+        exports = qmp.command(dom, "query-block-exports") or []
+        ours = [str(e["id"]) for e in exports if str(e.get("id", "")).startswith(
+            EXPORT_PREFIX)]
+        if not ours:  # the server, if any, is not the comparison's (libvirt's copy)
+            return f"{domain}: no export of the comparison on {dst_uri}"
+        for name in ours:
+            with contextlib.suppress(LivemigError):
+                qmp.command(dom, "block-export-del", id=name, mode="hard")
+        with contextlib.suppress(LivemigError):
+            qmp.command(dom, "nbd-server-stop")
+        with contextlib.suppress(LivemigError):
+            qmp.command(dom, "object-del", id=TLS_ID)
+        return f"{domain}: removed the comparison's exports {ours} and its NBD server"
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hold-guard %(message)s")
     spec: dict[str, Any] = json.loads(Path(argv[0]).read_text())
@@ -143,6 +182,10 @@ def main(argv: list[str]) -> int:
     if MISMATCH in words:
         log.info("livemig died after a mismatch: the domain stays paused")
         return 0
+    try:  # first what the comparison had opened on it (never in the way of the resume)
+        log.info("%s", drop_exports(str(spec["domain"]), str(spec["dst_uri"])))
+    except Exception as e:
+        log.info("removing the comparison's NBD exports failed: %r", e)
     log.info("livemig died: resuming the destination once the migration is over")
     src = spec.get("src_uri")
     deadline = time.monotonic() + float(spec.get("wait_s", WAIT_S))

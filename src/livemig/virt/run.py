@@ -152,6 +152,7 @@ class DomainMigration:
         self._thread: threading.Thread | None = None
         self._mig_conn: Any = None
         self._event_id: int | None = None
+        self._interruptible = False  # a signal now stops the disk comparison
 
     # -- phase 1 ------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -333,34 +334,39 @@ class DomainMigration:
             params[self.libvirt.VIR_MIGRATE_PARAM_DEST_XML] = with_globals(
                 xml, plan.dst_globals)
         box: dict[str, BaseException] = {}
-        # the blocking call gets a connection of its own; polls and abort use the other
-        mig_conn = open_uri(self.opts.src_uri, "--connect")
-        mig_dom = lookup(mig_conn, self.opts.domain, self.opts.src_uri)
-        self._mig_conn = mig_conn
-
-        def body() -> None:
-            try:
-                mig_dom.migrateToURI3(self.opts.dst_uri, params, plan.flags)
-            except BaseException as e:  # handed to the main loop
-                box["error"] = e
-
-        self.progress.step(f"migrating {self.opts.domain}: {self.opts.src_uri} -> "
-                           f"{self.opts.dst_uri} ({', '.join(plan.flag_names())})")
-        shown = {k: (f"<domain XML + {plan.dst_globals}>" if k ==
-                     self.libvirt.VIR_MIGRATE_PARAM_DEST_XML else v)
-                 for k, v in params.items()}
-        self.run.event("migration started", flags=plan.flag_names(), params=shown)
-        self.run.t_migrate = time.time()
-        self._watch_iterations()
-        cpu0 = cpu_seconds(self.dom)
-        cpu_last = cpu0
-        if plan.flags & PAUSED:  # the destination will be held paused: should
-            # livemig die from here on, the guard resumes it once libvirt is done
-            self.guard = hold.start(self.opts.domain, self.opts.dst_uri, self.opts.src_uri)
-        thread = threading.Thread(target=body, name="libvirt-migrate", daemon=True)
-        self._thread = thread
+        # Ctrl-C / SIGTERM are livemig's from here on: before the call is made they
+        # keep it from being made (the source's settings are then put back: finish),
+        # after it they abort libvirt's job
         with self._signals():
-            thread.start()
+            # the blocking call gets a connection of its own; polls and abort use the other
+            mig_conn = open_uri(self.opts.src_uri, "--connect")
+            mig_dom = lookup(mig_conn, self.opts.domain, self.opts.src_uri)
+            self._mig_conn = mig_conn
+
+            def body() -> None:
+                try:
+                    mig_dom.migrateToURI3(self.opts.dst_uri, params, plan.flags)
+                except BaseException as e:  # handed to the main loop
+                    box["error"] = e
+
+            self.progress.step(f"migrating {self.opts.domain}: {self.opts.src_uri} -> "
+                               f"{self.opts.dst_uri} ({', '.join(plan.flag_names())})")
+            shown = {k: (f"<domain XML + {plan.dst_globals}>" if k ==
+                         self.libvirt.VIR_MIGRATE_PARAM_DEST_XML else v)
+                     for k, v in params.items()}
+            self.run.event("migration started", flags=plan.flag_names(), params=shown)
+            self.run.t_migrate = time.time()
+            self._watch_iterations()
+            cpu0 = cpu_seconds(self.dom)
+            cpu_last = cpu0
+            if plan.flags & PAUSED:  # the destination will be held paused: should
+                # livemig die from here on, the guard resumes it once libvirt is done
+                self.guard = hold.start(self.opts.domain, self.opts.dst_uri,
+                                        self.opts.src_uri)
+            thread = threading.Thread(target=body, name="libvirt-migrate", daemon=True)
+            self._thread = thread
+            if not self._stop.is_set():
+                thread.start()
             downtime_set = False
             abort_until: float | None = None
             last_abort = 0.0
@@ -398,7 +404,9 @@ class DomainMigration:
         if cpu0 is not None and cpu_last is not None:
             self.run.cpu["source"] = round(cpu_last - cpu0, 3)
         err = box.get("error")
-        if thread.is_alive():
+        if thread.ident is None:  # interrupted before the call was made
+            self.run.result = Outcome("aborted", self.stop_reason)
+        elif thread.is_alive():
             self.run.result = Outcome("failed", f"libvirt did not end the migration "
                                       f"within {ABORT_WAIT_S:g} s of the abort")
         elif err is None:
@@ -429,6 +437,9 @@ class DomainMigration:
         def handler(signum: int, _frame: object) -> None:
             self.stop_reason = f"interrupted ({signal.Signals(signum).name})"
             self._stop.set()
+            if self._interruptible:  # once: the comparison's cleanup runs undisturbed
+                self._interruptible = False
+                raise KeyboardInterrupt
         old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
@@ -530,7 +541,15 @@ class DomainMigration:
             self.progress.step(f"comparing the copied disks (disk-check="
                                f"{self.disk_method}); the destination is held paused")
             t0 = time.monotonic()
-            self.run.disk_check = self._compare_disks(dst)
+            self._interruptible = True
+            try:
+                self.run.disk_check = self._compare_disks(dst)
+            except KeyboardInterrupt:  # Ctrl-C / SIGTERM: stop comparing, resume
+                self.run.disk_check = {"result": "skipped", "method": self.disk_method,
+                                       "why": f"{self.stop_reason}: comparison stopped"}
+                self.run.event("disk check stopped", reason=self.stop_reason)
+            finally:
+                self._interruptible = False
             self.progress.step(f"disks {self.run.disk_check['result']} in "
                                f"{time.monotonic() - t0:.2f} s")
             if self.run.disk_check.get("result") == "mismatch":
@@ -668,7 +687,13 @@ def run_domain_migration(opts: DomainOptions, progress: Progress,
         if on_prepared:
             on_prepared(m)
         m.migrate()
-        m.finish()
+        # after the call libvirt has decided: a signal now is noted, the bookkeeping
+        # (restores, checks, the report) finished; it stops only a disk comparison
+        with m._signals():
+            m.finish()
+        if m.stop_reason is not None and m.run.result.outcome == "completed":
+            m.run.event("stop asked once the migration had completed: finished, not "
+                        "undone", reason=m.stop_reason)
     except libvirt.libvirtError as e:  # before the migration started: one line
         if m.run.t_migrate is None and m.dom is not None:
             with contextlib.suppress(Exception):
