@@ -65,12 +65,21 @@ def put_back_before_switch(moves: list[tuple[str, str]]) -> tuple[list[str], boo
     a socket the new QEMU left at the original path (dead, nobody accepts on it)
     goes first; anything else there is never overwritten. (paths restored, whether
     something was left)."""
+    return _rename_back(moves, dead_sockets_go=True)
+
+
+def _rename_back(moves: list[tuple[str, str]],
+                 dead_sockets_go: bool) -> tuple[list[str], bool]:
+    """Rename each moved path back to its original; a path taken again at the
+    original is never overwritten, except (``dead_sockets_go``) a socket nobody
+    accepts on. (paths restored, whether something was left)."""
     restored, left = [], False
     for original, moved in moves:
         if not os.path.lexists(moved):
             continue
         if os.path.lexists(original):
-            if stat.S_ISSOCK(os.lstat(original).st_mode) and not _served(original):
+            if dead_sockets_go and stat.S_ISSOCK(os.lstat(original).st_mode) \
+                    and not _served(original):
                 with contextlib.suppress(OSError):
                     os.unlink(original)
             else:
@@ -174,19 +183,7 @@ def recover(journal: Path) -> list[str]:
     if not moves or read(journal).get("phase") == SWITCH:
         return []
     _end_old(journal)
-    restored = []
-    left = False
-    for original, moved in moves:
-        if not os.path.lexists(moved):
-            continue
-        if os.path.lexists(original):
-            left = True  # something is there again: never overwrite it
-            continue
-        try:
-            os.rename(moved, original)
-            restored.append(original)
-        except OSError:
-            left = True
+    restored, left = _rename_back(moves, dead_sockets_go=False)
     if not left:
         with contextlib.suppress(FileNotFoundError):
             journal.unlink()
