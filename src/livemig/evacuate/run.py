@@ -115,6 +115,7 @@ class Evacuation:
         self.events.append({"t": round(self.t(), 3), "event": what, **kw})
 
     def run(self) -> None:
+        self.t0 = time.monotonic()  # --max-time counts the drain, from its first start
         self.o.out.mkdir(parents=True, exist_ok=True)
         cancel_at = None
         while True:
