@@ -153,7 +153,8 @@ def _fake_children(monkeypatch: pytest.MonkeyPatch, fail: set[str],
                                       "consistency": {"ram": "ok" if ok else None},
                                       "ram_transferred_bytes": M, "downtime_ms": 50}))
         return real(["sleep", str(seconds)] if ok or seconds else ["false"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    preexec_fn=kw.get("preexec_fn"))
     monkeypatch.setattr(run.subprocess, "Popen", popen)
     monkeypatch.setattr(run, "POLL_S", 0.05)
     monkeypatch.setattr(run, "RETRY_DELAY_S", 0.1)

@@ -187,7 +187,7 @@ class Evacuation:
             f.flush()
             v.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
                                       stderr=subprocess.STDOUT, start_new_session=True,
-                                      env=os.environ.copy())
+                                      env=os.environ.copy(), preexec_fn=_interruptible)
         v.tries.append({"attempt": v.attempts, "t": round(self.t(), 3), "report": str(report),
                         "bandwidth": round(bandwidth)})
         self.event("start", vm=v.name, attempt=v.attempts, destination=v.destination,
@@ -262,3 +262,12 @@ def progress(live: dict[str, Any]) -> float:
 def mib(bytes_per_s: float) -> int:
     """libvirt's cap is whole MiB/s: rounded up, never 0 (= unlimited)."""
     return max(1, math.ceil(bytes_per_s / 2**20))
+
+
+def _interruptible() -> None:
+    """In the child, before it runs: SIGINT as a program gets it by default. An
+    evacuation started in the background (nohup, a script's ``&``) has SIGINT
+    ignored, its children would inherit that, and the cancel (SIGINT to each child)
+    would not reach a child that had not yet installed its own handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
