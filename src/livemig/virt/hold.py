@@ -188,7 +188,8 @@ def main(argv: list[str]) -> int:
         log.info("removing the comparison's NBD exports failed: %r", e)
     log.info("livemig died: resuming the destination once the migration is over")
     src = spec.get("src_uri")
-    deadline = time.monotonic() + float(spec.get("wait_s", WAIT_S))
+    wait_s = float(spec.get("wait_s", WAIT_S))
+    deadline = time.monotonic() + wait_s
     last = ""
     while time.monotonic() < deadline:
         try:
@@ -203,7 +204,7 @@ def main(argv: list[str]) -> int:
             log.info("%s", done)
             return 0
         time.sleep(RETRY_S)
-    log.info("gave up after %.0f s: the domain may still be paused on %s", WAIT_S,
+    log.info("gave up after %.0f s: the domain may still be paused on %s", wait_s,
              spec["dst_uri"])
     return 1
 
