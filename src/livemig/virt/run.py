@@ -537,7 +537,8 @@ class DomainMigration:
             self.run.completed_stats = dict(dst.jobStats(
                 self.libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED))
         if plan.flags & PAUSED:
-            guard = self.guard or hold.start(o.domain, o.dst_uri, o.src_uri)
+            guard = self.guard  # started with the migration call (migrate)
+            assert guard is not None
             self.progress.step(f"comparing the copied disks (disk-check="
                                f"{self.disk_method}); the destination is held paused")
             t0 = time.monotonic()
