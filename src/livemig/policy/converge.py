@@ -11,18 +11,23 @@ Physics, per round k (a pass over the dirty bitmap, bounded by MIGRATION_PASS /
   includes a hot set's saturation (rewriting the same pages adds nothing), which the
   raw dirty-page rate QEMU reports does not;
 - a throttle θ scales the vCPUs' progress, hence d, by ``(1-θ) / (1-θ_now)``;
-- QEMU switches over when what is left fits the downtime limit: ``R ≤ B × T_d``.
+- QEMU switches over when what is left fits the downtime limit: ``R ≤ W × T_d``,
+  where ``W`` is the stream's *wire* rate (QEMU's ``threshold_size`` is the bytes it
+  transferred per second × the limit, the same figure as ``mbps``). Under compression
+  W < B, so the budget in guest bytes is smaller than the page rate suggests: a budget
+  of B × T_d (tried) reads a remainder QEMU will not switch over with as converged.
 
 So a round ends with ``R_{k+1} ≈ q × R_k``, where ``q = d × (1-θ)/(1-θ_now) / B``,
-and it converges when the remainder is ≤ ``SAFETY × B × T_d``. A plan of ``n`` more
-rounds at one throttle needs ``q_n = (SAFETY × B × T_d / R_k)^(1/n)``, i.e.
+and it converges when the remainder is ≤ ``SAFETY × W × T_d``. A plan of ``n`` more
+rounds at one throttle needs ``q_n = (SAFETY × W × T_d / R_k)^(1/n)``, i.e.
 
     θ_n = 1 − q_n × B × (1−θ_now) / d        (0 when the guest is slow enough already)
 
 and costs the guest ``θ_n × T(n)`` seconds of work, ``T(n) = R_k/B × (1 + q_n + ... +
 q_n^(n-1))`` being the rounds' length. Every plan from one round (the deepest
-throttle, the shortest migration) to ``MAX_ROUNDS`` rounds (the lightest) is weighed
-by the work it loses plus ``TIME_COST`` for every second it keeps the migration going
+throttle, the shortest migration) to ``MAX_ROUNDS`` rounds (the lightest), and no
+throttle at all for rounds that shrink on their own (up to ``MAX_FREE_ROUNDS``), is
+weighed by the work it loses plus ``TIME_COST`` for every second it keeps the migration going
 (the guest shares the host with the migration's threads: in the unthrottled rounds of
 the recorded matrix runs it ran at 74-100 % of normal, busy writers with compression
 on 2 cores the lowest), and the cheapest one is taken. A guest whose rounds shrink on
@@ -51,6 +56,8 @@ abort, post-copy); rounds at the maximum that still shrink are left to run.
 
 from __future__ import annotations
 
+import math
+
 from livemig.policy.base import (
     Action,
     Ewma,
@@ -64,7 +71,8 @@ DEEP = 90  # % above which the guest runs below 10 % of normal
 DEEP_MAX_S = 3.0  # at most this long at a time below 10 % (the harm target's floor)
 MAX_PCT = 99
 HOLD_ROUNDS = 2
-MAX_ROUNDS = 12  # the longest plan weighed (the lightest throttle)
+MAX_ROUNDS = 12  # the longest throttled plan weighed (the lightest throttle)
+MAX_FREE_ROUNDS = 30  # an unthrottled guest that shrinks is left to run this many rounds
 TIME_COST = 0.05  # guest work lost per second of migration, unthrottled (see above)
 STALL = 0.95  # a round whose remainder is above 95 % of the last one's made no progress
 
@@ -74,7 +82,8 @@ class ConvergeThrottle:
 
     def __init__(self, downtime_ms: int) -> None:
         self.downtime_s = downtime_ms / 1000.0
-        self.rate = Ewma(0.5)
+        self.rate = Ewma(0.5)  # B: guest bytes drained per second
+        self.wire = Ewma(0.5)  # W: bytes on the wire per second (QEMU's threshold)
         self.percent = 0
         self.exhausted = False
         self._round = -1
@@ -91,6 +100,7 @@ class ConvergeThrottle:
     def decide(self, s: Snapshot) -> list[Action]:
         raw = s.page_rate or s.bandwidth
         b = self.rate.add(raw)
+        w = self.wire.add(s.bandwidth)  # 0 until the stream reported one
         self._peak = max(self._peak, raw)
         if s.rounds <= self._round:
             return []
@@ -102,12 +112,12 @@ class ConvergeThrottle:
         prev_len = s.t - last_t
         prev = self._prev
         self._prev = (prev_len, s.remaining)
-        return self._round_start(s, b, prev_len, prev)
+        return self._round_start(s, b, min(w, b) if w > 0 else b, prev_len, prev)
 
-    def _round_start(self, s: Snapshot, b: float, prev_len: float,
+    def _round_start(self, s: Snapshot, b: float, w: float, prev_len: float,
                      prev: tuple[float, int] | None) -> list[Action]:
         r = s.remaining
-        budget = b * self.downtime_s
+        budget = w * self.downtime_s  # what QEMU will switch over with
         if r <= budget or prev_len <= 0:
             return []
         d = r / prev_len  # distinct bytes dirtied per second in the last round
@@ -129,7 +139,8 @@ class ConvergeThrottle:
         theta, rounds = plan(t_round, free, SAFETY * budget / r)
         pct = max(self.percent, min(MAX_PCT, round(100.0 * theta + 0.5) if theta else 0))
         why = (f"round {s.rounds}: {r >> 20} MiB dirty (distinct rate {d / 2**20:.0f} MiB/s, "
-               f"drained at {b / 2**20:.0f} MiB/s, downtime budget {budget / 2**20:.1f} MiB)")
+               f"drained at {b / 2**20:.0f} MiB/s, {w / 2**20:.0f} MiB/s on the wire, "
+               f"downtime budget {budget / 2**20:.1f} MiB)")
         if pct > DEEP and t_round > DEEP_MAX_S and self.percent < DEEP:
             pct = DEEP  # the round would keep the guest below 10 % too long: shrink R first
             why += f"; needs more than {DEEP}% for {t_round:.1f}s: {DEEP}% this round"
@@ -162,6 +173,14 @@ def plan(t_round: float, free: float, target: float) -> tuple[float, int]:
         if best is None or cost < best[0] - 1e-12:
             best = (cost, theta, n)
         if theta == 0.0:
-            break  # more rounds only add time
+            return best[1], best[2]  # more rounds only add time
     assert best is not None
+    if 0.0 < free < 1.0:
+        # rounds that shrink on their own, only slower than MAX_ROUNDS allows (a small
+        # budget: compression makes QEMU's wire-rate budget small): leaving them alone
+        # costs only time, a light throttle costs θ of every one of its seconds
+        n = math.ceil(math.log(target) / math.log(free)) if target < 1.0 else 1
+        t = t_round * sum(free ** j for j in range(n))
+        if n <= MAX_FREE_ROUNDS and TIME_COST * t < best[0]:
+            return 0.0, n
     return best[1], best[2]
