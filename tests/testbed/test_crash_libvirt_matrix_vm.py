@@ -23,8 +23,9 @@ After each: the domain runs (not paused) on exactly one host, with no livemig th
 and no NBD export of livemig's left on it; a SIGINT before or during the call aborts
 (exit 3), one after it is noted and the run finished (exit 0: a disk comparison
 stopped, the destination resumed by livemig); where the domain stayed on the source
-after a SIGINT, the passthrough setting livemig changed is back; after a kill -9 the
-journal (``virt/journal.py``) records what the next run puts back (that repair:
+after a SIGINT, the passthrough setting livemig changed is back, after a kill -9 too
+(the run's guard, ``virt/hold.py``, puts back what the journal, ``virt/journal.py``,
+records, once no job holds the domain; the next run's repair, should a guard not have:
 tests/testbed/test_libvirt_vm.py::test_killed_livemig_leaves_the_guest_running_and_unthrottled).
 kill -9 mid-copy leaves libvirt's peer-to-peer job running: the test ends it.
 """
@@ -54,7 +55,7 @@ from test_libvirt_vm import (  # noqa: F401 (daemons: a fixture)
 
 from conftest import livemig_cmd
 from livemig.testbed import libvirtd
-from livemig.virt import journal, qmp
+from livemig.virt import hold, journal, qmp
 
 pytestmark = [pytest.mark.testbed, pytest.mark.libvirt, pytest.mark.long]
 
@@ -241,10 +242,14 @@ def test_libvirt_signal_matrix(daemons: dict[str, str], phase: str,  # noqa: F81
             if side == "src" and sig == "int":  # livemig's own change undone
                 assert params["throttle-trigger-threshold"] == DEFAULT_THRESHOLD, params
                 assert not journal.path(name).exists()
-            if side == "src" and sig == "kill":  # what the next run puts back
-                left = journal.left_by_dead_run(name)
-                assert left is not None and left["params"][
-                    "throttle-trigger-threshold"] == DEFAULT_THRESHOLD, left
+            if side == "src" and sig == "kill":  # the run's guard puts it back
+                end = time.monotonic() + SETTLE_S
+                while qmp.command(d, "query-migrate-parameters")[
+                        "throttle-trigger-threshold"] != DEFAULT_THRESHOLD:
+                    assert time.monotonic() < end, (
+                        hold.guard_dir(name) / "hold.log").read_text()
+                    time.sleep(0.5)
+                assert not journal.path(name).exists()
         finally:
             c.close()
         assert _guest_answers(15), "the guest does not answer on the network"

@@ -578,9 +578,9 @@ def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
         daemons: dict[str, str], tmp_path: Path) -> None:
     """kill -9 of livemig mid-migration: libvirt goes on with its peer-to-peer job,
     the guest keeps running on src, no livemig throttle (patched build) is left (it
-    lapses with its 1 s lease), and the next run for the domain undoes the dead run's
-    passthrough setting."""
-    from livemig.virt import qmp
+    lapses with its 1 s lease), the run's guard puts its passthrough setting back once
+    the job ended, and should a guard not have, the next run for the domain does."""
+    from livemig.virt import hold, journal, qmp
 
     name = _unique("lmkill")
     _define(name, "shared", workload="mem:size=128M,rate=0")
@@ -629,12 +629,28 @@ def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
             end = time.monotonic() + 60
             while d.jobInfo()[0] != 0 and time.monotonic() < end:
                 time.sleep(0.2)
-            # the dead run's passthrough setting is still there ...
-            assert qmp.command(d, "query-migrate-parameters")[
-                "throttle-trigger-threshold"] == 60
+            # the dead run's guard puts its passthrough setting back once no job runs
+            end = time.monotonic() + 20
+            while qmp.command(d, "query-migrate-parameters")[
+                    "throttle-trigger-threshold"] != 50:
+                assert time.monotonic() < end, (hold.guard_dir(name) / "hold.log").read_text()
+                time.sleep(0.5)
+            assert not journal.path(name).exists()
+            assert "settings put back" in (hold.guard_dir(name) / "hold.log").read_text()
+            # a run whose guard could not (a daemon away for its whole wait) leaves
+            # its journal: written here as a dead process's, with the setting still on
+            qmp.command(d, "migrate-set-parameters", **{"throttle-trigger-threshold": 60})
         finally:
             c.close()
-        # ... until the next livemig run for this domain undoes it
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        p = journal.path(name)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps({"domain": name, "owner_pid": gone.pid, "owner_start": "0",
+                                 "src_uri": libvirtd.uri("src"),
+                                 "dst_uri": libvirtd.uri("dst"),
+                                 "params": {"throttle-trigger-threshold": 50}}))
+        # ... the next livemig run for this domain undoes it
         proc2, rep = _migrate(tmp_path, name, "--unsafe", "--bandwidth", "2M",
                               "--max-time", "3", "--set", "throttle-trigger-threshold=70")
         assert proc2.returncode == 3, rep.get("reason")

@@ -1,5 +1,6 @@
-"""The hold guard: a libvirt domain held paused for the copied-disk comparison is
-never left paused for good.
+"""The guard of a libvirt run: a libvirt domain held paused for the copied-disk
+comparison is never left paused for good, and what livemig set on the domain's QEMUs
+is put back if livemig dies.
 
 With ``--storage copy`` livemig migrates with ``VIR_MIGRATE_PAUSED`` and compares
 the copied disks before it resumes the destination. Under libvirt the source is
@@ -20,6 +21,14 @@ it on the destination if it is paused there, or leaves it where it runs (a migra
 that failed: libvirt keeps the source).
 Before it resumes, the guard removes the NBD exports and server the comparison
 had opened on the destination's QEMU.
+
+Every libvirt run starts the guard before it changes anything on the domain (its
+settings, passthrough parameters: the journal, ``virt/journal.py``, says what and
+their values before). When livemig dies, the guard then also waits until no job holds
+the domain and puts the journal's settings back on the end where it runs
+(``virt/repair.py``), so a killed run leaves no reconfigured VM behind, without
+waiting for a next livemig run. livemig says ``decided`` once it resumed (or kept
+paused) the destination itself; the settings are the guard's until ``done``.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from livemig.engine.guardian import read_words
 log = logging.getLogger("livemig.virt.hold")
 
 MISMATCH = "mismatch"
+DECIDED = "decided"  # livemig resumed the held destination itself (settings still guarded)
 DONE = "done"
 # how long the guard waits for a migration job to end after livemig died: livemig's
 # default --max-time (engine/plan.py) plus the switchover and libvirt's confirm
@@ -75,13 +85,16 @@ def guard_dir(domain: str) -> Path:
     return paths.run_root() / "libvirt-hold" / safe
 
 
-def start(domain: str, dst_uri: str, src_uri: str | None = None) -> Guard:
-    """Start the guard for ``domain`` migrated paused from ``src_uri`` to ``dst_uri``."""
+def start(domain: str, dst_uri: str, src_uri: str | None = None,
+          paused: bool = True) -> Guard:
+    """Start the guard for ``domain`` migrated from ``src_uri`` to ``dst_uri``;
+    ``paused``: with ``VIR_MIGRATE_PAUSED`` (the destination is to be resumed)."""
     d = guard_dir(domain)
     private.make_dir(d)
     spec = d / "hold.json"
     private.write_text(spec, json.dumps({"domain": domain, "dst_uri": dst_uri,
-                                         "src_uri": src_uri, "watch_pid": os.getpid()}))
+                                         "src_uri": src_uri, "paused": paused,
+                                         "watch_pid": os.getpid()}))
     rfd, wfd = os.pipe()
     logf = os.fdopen(private.open_file(d / "hold.log", append=True), "ab")
     try:
@@ -170,26 +183,67 @@ def drop_exports(domain: str, dst_uri: str) -> str:
             conn.close()
 
 
-def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s hold-guard %(message)s")
-    spec: dict[str, Any] = json.loads(Path(argv[0]).read_text())
-    log.info("holding %s for livemig pid %s", spec["domain"], spec.get("watch_pid"))
-    words = read_words()
-    if DONE in words:
-        log.info("livemig decided%s", " (mismatch: the domain stays paused)"
-                 if MISMATCH in words else "")
-        return 0
-    if MISMATCH in words:
-        log.info("livemig died after a mismatch: the domain stays paused")
-        return 0
+def put_back_settings(domain: str, record: dict[str, Any]) -> list[str] | None:
+    """The journal's settings put back where the domain runs; what was done, or None
+    while a migration job still holds it on an end."""
+    from livemig.virt.conn import find, libvirt_module, open_uri
+    from livemig.virt.repair import put_back
+
+    libvirt = libvirt_module()
+    conns: dict[str, Any] = {}
+
+    def dom_at(uri: str) -> Any:
+        if uri not in conns:
+            conns[uri] = open_uri(uri, "guard")
+        return find(conns[uri], domain)
+    try:
+        repaired, waiting = put_back(record, dom_at, libvirt.VIR_DOMAIN_JOB_NONE)
+    finally:
+        for c in conns.values():
+            with contextlib.suppress(Exception):
+                c.close()
+    if waiting:
+        return None
+    return [f"{r}" for r in repaired] or ["nothing set on an end where it runs"]
+
+
+def _settings(spec: dict[str, Any], deadline: float) -> int:
+    """Put back what the dead run's journal says it set, once no job holds the domain."""
+    from livemig.virt import journal
+
+    domain, pid = str(spec["domain"]), spec.get("watch_pid")
+    last = ""
+    while True:
+        record = journal.read(domain)
+        if record is None or record.get("owner_pid") != pid:
+            log.info("no settings of this run left to put back")
+            return 0
+        try:
+            done = put_back_settings(domain, record)
+            err = "a migration job still holds the domain"
+        except Exception as e:  # a daemon away, a QMP error: log it and look again
+            done, err = None, f"{e!r}"
+        if done is not None:
+            journal.remove(domain, owner_pid=pid if isinstance(pid, int) else None)
+            log.info("settings put back: %s", "; ".join(done))
+            return 0
+        if err != last:
+            log.info("settings not yet put back: %s", err)
+            last = err
+        if time.monotonic() >= deadline:
+            log.info("gave up putting the settings back: the next livemig run for %s "
+                     "does it (journal %s)", domain, journal.path(domain))
+            return 1
+        time.sleep(RETRY_S)
+
+
+def _resume(spec: dict[str, Any], deadline: float) -> int:
     try:  # first what the comparison had opened on it (never in the way of the resume)
         log.info("%s", drop_exports(str(spec["domain"]), str(spec["dst_uri"])))
     except Exception as e:
         log.info("removing the comparison's NBD exports failed: %r", e)
     log.info("livemig died: resuming the destination once the migration is over")
     src = spec.get("src_uri")
-    wait_s = float(spec.get("wait_s", WAIT_S))
-    deadline = time.monotonic() + wait_s
     last = ""
     while time.monotonic() < deadline:
         try:
@@ -204,9 +258,29 @@ def main(argv: list[str]) -> int:
             log.info("%s", done)
             return 0
         time.sleep(RETRY_S)
-    log.info("gave up after %.0f s: the domain may still be paused on %s", wait_s,
-             spec["dst_uri"])
+    log.info("gave up after %.0f s: the domain may still be paused on %s",
+             float(spec.get("wait_s", WAIT_S)), spec["dst_uri"])
     return 1
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s hold-guard %(message)s")
+    spec: dict[str, Any] = json.loads(Path(argv[0]).read_text())
+    log.info("guarding %s for livemig pid %s", spec["domain"], spec.get("watch_pid"))
+    words = read_words()
+    if DONE in words:
+        log.info("livemig decided%s", " (mismatch: the domain stays paused)"
+                 if MISMATCH in words else "")
+        return 0
+    deadline = time.monotonic() + float(spec.get("wait_s", WAIT_S))
+    rc = 0
+    if MISMATCH in words:
+        log.info("livemig died after a mismatch: the domain stays paused")
+    elif DECIDED in words:
+        log.info("livemig died after it had resumed the destination")
+    elif spec.get("paused", True):
+        rc = _resume(spec, deadline)
+    return max(rc, _settings(spec, deadline))
 
 
 if __name__ == "__main__":

@@ -46,16 +46,37 @@ def write(domain: str, **data: Any) -> None:
     os.replace(tmp, p)
 
 
-def remove(domain: str) -> None:
+def update(domain: str, **data: Any) -> None:
+    """Add to this process's record (what it learned it may change later)."""
+    current = read(domain)
+    if current is None or current.get("owner_pid") != os.getpid():
+        return
+    fields = {k: v for k, v in current.items() if k not in ("domain", "owner_pid", "owner_start")}
+    write(domain, **{**fields, **data})
+
+
+def read(domain: str) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(path(domain).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def remove(domain: str, owner_pid: int | None = None) -> None:
+    """``owner_pid``: only while the record is still that process's (a guard must not
+    remove the record of a newer run for the same domain)."""
+    if owner_pid is not None:
+        current = read(domain)
+        if current is None or current.get("owner_pid") != owner_pid:
+            return
     with contextlib.suppress(FileNotFoundError):
         path(domain).unlink()
 
 
 def left_by_dead_run(domain: str) -> dict[str, Any] | None:
     """The record of a run for this domain whose process is gone, if any."""
-    try:
-        data = dict(json.loads(path(domain).read_text()))
-    except (OSError, ValueError):
+    data = read(domain)
+    if data is None:
         return None
     pid = data.get("owner_pid")
     if isinstance(pid, int) and _start_time(pid) == data.get("owner_start") is not None:

@@ -65,6 +65,7 @@ from livemig.virt.plan import (
     make_plan,
     with_globals,
 )
+from livemig.virt.repair import put_back
 from livemig.virt.sampling import adapt_domain
 from livemig.virt.stats import sample_of, snapshot
 
@@ -145,7 +146,8 @@ class DomainMigration:
         self.executor: PolicyExecutor | None = None
         self.actuator: LibvirtActuator | None = None
         self.disk_written: dict[str, tuple[float, int]] = {}  # target -> (t, wr_bytes)
-        self.guard: hold.Guard | None = None  # resumes a paused destination if we die
+        # puts back what this run set, and resumes a held destination, if we die
+        self.guard: hold.Guard | None = None
         self._aio: asyncio.Runner | None = None  # runs the executor's coroutines
         self.stop_reason: str | None = None
         self._stop = threading.Event()
@@ -217,6 +219,8 @@ class DomainMigration:
                                        lambda what, data: self.run.event(what, **data))
         with contextlib.suppress(self.libvirt.libvirtError):
             self.orig_downtime = int(self.dom.migrateGetMaxDowntime(0))
+        # what the policies may change during the migration, for the guard
+        journal.update(o.domain, io=[d.qdev for d in io], downtime_ms=self.orig_downtime)
 
     def _io_devices(self, xml: str) -> tuple[IoDevice, ...]:
         """The copied disks' devices the IO cap goes on (io-qos); what is left alone
@@ -268,23 +272,14 @@ class DomainMigration:
         j = journal.left_by_dead_run(o.domain)
         if j is None:
             return
-        ends = [(j.get("src_uri"), j.get("params") or {}, j.get("caps") or {}),
-                (j.get("dst_uri"), j.get("dst_params") or {}, {})]
-        repaired = []
-        for uri, params, caps in ends:
-            dom = self.dom if uri == o.src_uri else (
-                find(self.dst_conn, o.domain) if uri == o.dst_uri else None)
-            if dom is None or not dom.isActive() or not (params or caps):
-                continue
-            if dom.jobInfo()[0] != self.libvirt.VIR_DOMAIN_JOB_NONE:
-                self.run.event("leftovers kept: a job still runs", uri=uri)
-                continue
-            if params:
-                qmp.command(dom, "migrate-set-parameters", **params)
-            if caps:
-                qmp.command(dom, "migrate-set-capabilities", capabilities=[
-                    {"capability": k, "state": v} for k, v in caps.items()])
-            repaired.append({"uri": uri, "parameters": params, "capabilities": caps})
+
+        def dom_at(uri: str) -> Any:
+            if uri == o.src_uri:
+                return self.dom
+            return find(self.dst_conn, o.domain) if uri == o.dst_uri else None
+        repaired, waiting = put_back(j, dom_at, self.libvirt.VIR_DOMAIN_JOB_NONE)
+        for uri in waiting:
+            self.run.event("leftovers kept: a job still runs", uri=uri)
         if repaired:
             self.run.event("repaired a dead run's settings", ends=repaired)
             self.progress.step(f"restored what a dead livemig run left set on "
@@ -298,6 +293,10 @@ class DomainMigration:
             caps = qmp.current_capabilities(self.dom)
         self.restore_caps = {k: caps[k] for k in plan.src_caps if k in caps}
         self.restore_params = {k: current[k] for k in plan.src_qmp if k in current}
+        # from here on livemig may change the domain: should it die, its guard puts
+        # back what the journal records (and resumes a destination held paused)
+        self.guard = hold.start(self.opts.domain, self.opts.dst_uri, self.opts.src_uri,
+                                paused=bool(plan.flags & PAUSED))
         if plan.drain:
             # libvirt's own reset fails while the drain is on (see plan): livemig puts
             # back what it would have, should the source keep running
@@ -305,12 +304,11 @@ class DomainMigration:
                                       if k in offered and k in caps})
             self.restore_params.update({k: current[k] for k in LIBVIRT_RESET_PARAMS
                                         if k in current})
-        if plan.src_qmp or plan.src_caps or plan.dst_globals:
-            journal.write(self.opts.domain, src_uri=self.opts.src_uri,
-                          dst_uri=self.opts.dst_uri, params=self.restore_params,
-                          caps=self.restore_caps,
-                          dst_params={k: current.get(k, "none") for k in plan.dst_globals
-                                      if k in STREAM_PARAMS})
+        journal.write(self.opts.domain, src_uri=self.opts.src_uri,
+                      dst_uri=self.opts.dst_uri, params=self.restore_params,
+                      caps=self.restore_caps,
+                      dst_params={k: current.get(k, "none") for k in plan.dst_globals
+                                  if k in STREAM_PARAMS})
         if plan.src_caps:
             qmp.command(self.dom, "migrate-set-capabilities", capabilities=[
                 {"capability": k, "state": v} for k, v in plan.src_caps.items()])
@@ -359,10 +357,8 @@ class DomainMigration:
             self._watch_iterations()
             cpu0 = cpu_seconds(self.dom)
             cpu_last = cpu0
-            if plan.flags & PAUSED:  # the destination will be held paused: should
-                # livemig die from here on, the guard resumes it once libvirt is done
-                self.guard = hold.start(self.opts.domain, self.opts.dst_uri,
-                                        self.opts.src_uri)
+            # the destination may be held paused (VIR_MIGRATE_PAUSED): the guard,
+            # started with the settings (prepare), resumes it should livemig die
             thread = threading.Thread(target=body, name="libvirt-migrate", daemon=True)
             self._thread = thread
             if not self._stop.is_set():
@@ -517,8 +513,6 @@ class DomainMigration:
             if self.run.result.outcome == "completed":
                 self._finish_completed()
             else:
-                if self.guard is not None:  # decided: the source runs on
-                    self.guard.dismiss()
                 self._finish_source_kept()
         except (self.libvirt.libvirtError, LivemigError) as e:
             # the outcome stands (libvirt decided it); what could not be checked is said
@@ -527,6 +521,12 @@ class DomainMigration:
             self.progress.step(f"after the migration: {err}")
         else:
             journal.remove(self.opts.domain)
+            self.dismiss_guard()  # everything put back: nothing left for it
+
+    def dismiss_guard(self) -> None:
+        if self.guard is not None:
+            self.guard.dismiss()
+            self.guard = None
 
     def _finish_completed(self) -> None:
         o = self.opts
@@ -537,7 +537,7 @@ class DomainMigration:
             self.run.completed_stats = dict(dst.jobStats(
                 self.libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED))
         if plan.flags & PAUSED:
-            guard = self.guard  # started with the migration call (migrate)
+            guard = self.guard  # started with the settings (prepare)
             assert guard is not None
             self.progress.step(f"comparing the copied disks (disk-check="
                                f"{self.disk_method}); the destination is held paused")
@@ -564,7 +564,7 @@ class DomainMigration:
                 # the guest waited for the comparison: a verify hold after QEMU's
                 # downtime (not in downtime_ms)
                 self.run.disk_check["hold_s"] = round(time.monotonic() - t0, 3)
-            guard.dismiss()
+            guard.tell(hold.DECIDED)  # its settings stay guarded until finish is done
         if plan.ram_check:
             self.run.ram_check = self._ram_check_result(dst)
         stream = [k for k in plan.dst_globals if k in STREAM_PARAMS]
@@ -700,6 +700,7 @@ def run_domain_migration(opts: DomainOptions, progress: Progress,
             with contextlib.suppress(Exception):
                 m._restore_source()
                 journal.remove(opts.domain)
+                m.dismiss_guard()
         raise LibvirtError(message(e)) from None
     except BaseException:
         # a failure before the migration started: undo what prepare() set
@@ -707,6 +708,7 @@ def run_domain_migration(opts: DomainOptions, progress: Progress,
             with contextlib.suppress(Exception):
                 m._restore_source()
                 journal.remove(opts.domain)
+                m.dismiss_guard()
         raise
     finally:
         m.cleanup()
