@@ -66,7 +66,8 @@ def test_a_completed_run_is_a_migration_record_with_libvirt_facts() -> None:
     assert rep["consistency"]["ram_detail"]["blocks"] == 1024
     assert rep["qemu_final_stats"] == JOB  # libvirt's own figures, as before
     assert rep["destination"]["running"] is True
-    assert rep["libvirt"] == {"library_version": "9.0.0"}
+    assert rep["libvirt"] == {"library_version": "9.0.0",
+                              "phases": {"prepare_s": None, "migration_s": None}}
     s = rep["settings"]
     assert s["domain"] == "g" and s["to"] == "qemu+tcp://b/system"
     assert s["storage"] == "copy" and s["libvirt_plan"]["disk_check"] == "auto"
@@ -113,3 +114,19 @@ def test_a_disk_mismatch_is_named_in_the_summary() -> None:
     assert "at byte 0x304567" in summary(rep)
     assert rep["verify_hold_ms"] is None  # not resumed: held paused for good
     assert rep["absent"]["verify_hold_ms"] == "held paused for good: the disks differ"
+
+
+def test_the_call_is_split_where_qemus_own_migration_began() -> None:
+    # the call 1001.0 -> 1011.5; QEMU's migrate at 1004.2 (libvirt prepared the
+    # destination QEMU for 3.2 s): the total stays the call's wall clock
+    r = _run(completed_stats=dict(JOB), t_qemu=1004.2)
+    rep = record.report(r)
+    assert rep["libvirt"]["phases"] == {"prepare_s": 3.2, "migration_s": 7.3}
+    assert rep["total_time_s"] == 10.5
+    from livemig.bench import METRICS
+    qemu_time = dict(METRICS)["qemu_time_s"]
+    assert qemu_time(rep) == 7.3
+    # not anchored (no poll saw QEMU's migration): no split
+    rep = record.report(_run(completed_stats=dict(JOB)))
+    assert rep["libvirt"]["phases"] == {"prepare_s": None, "migration_s": None}
+    assert qemu_time(rep) is None

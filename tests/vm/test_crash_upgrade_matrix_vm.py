@@ -15,8 +15,11 @@ livemig itself (deterministic: the windows are milliseconds wide):
   tests/vm/test_crash_upgrade_vm.py; here it runs with SIGINT too).
 
 The local-migration fallback (``--fallback migrate``, a VM with anonymous RAM) has
-one more: ``migrating``, its new QEMU started (it binds the VM's socket paths at once,
-unlike cpr-transfer's) and the migration about to begin.
+its own: ``migrating``, its new QEMU started (it binds the VM's socket paths at once,
+unlike cpr-transfer's) and the migration about to begin; ``copying``, the old QEMU's
+migration under way (the first ``query-migrate`` after ``migrate``: a kill -9 there
+leaves QEMU to finish or fail the migration alone, the engine's guardian to settle
+it); ``quit``, the migration completed and the old QEMU about to be told to quit.
 
 After each, with ``livemig upgrade --recover`` run first after a kill -9 (the
 documented remedy): exactly one QEMU process of the VM is left, it runs the guest
@@ -56,6 +59,8 @@ PHASES = {
     "transfer": ("method", "_wait_source_done"),
     "quit": ("command", "quit"),
 }
+# a SIGINT here rolls the upgrade back: the old QEMU keeps the guest
+ROLLED_BACK = ("start", "started", "fallback-migrating", "fallback-copying")
 SETTLE_S = 20.0  # the new QEMU runs the guest / the old one quits within seconds
 
 # livemig with a signal to itself at one point (env LM_KIND, LM_AT, LM_SIG)
@@ -81,11 +86,16 @@ if kind == "method":
             fire()
             return orig(self, *a, **k)
     setattr(switch.Upgrade, at, hooked)
-else:
+else:  # "command": before AT to the old QEMU; "after": AT = "FIRST,THEN": before
+    # THEN once FIRST was sent
     orig_cmd = endpoint.Endpoint.cmd
+    first, _, then = at.partition(",") if kind == "after" else ("", "", at)
+    sent = []
     async def cmd(self, command, **args):
-        if command == at and self.name == "old":
-            fire()
+        if self.name == "old":
+            if command == then and (not first or first in sent):
+                fire()
+            sent.append(command)
         return await orig_cmd(self, command, **args)
     endpoint.Endpoint.cmd = cmd
 from livemig.cli import main
@@ -117,10 +127,19 @@ def test_upgrade_signal_matrix(tmp_path: Path, qemu_b: Path,  # noqa: F811
     _signal_matrix_case(tmp_path, qemu_b, phase, sig, PHASES[phase])
 
 
+# the fallback's phases (see the docstring)
+FALLBACK_PHASES = {
+    "migrating": ("method", "_migrate"),
+    "copying": ("after", "migrate,query-migrate"),
+    "quit": ("command", "quit"),
+}
+
+
 @pytest.mark.parametrize("sig", list(SIGNALS))
+@pytest.mark.parametrize("phase", list(FALLBACK_PHASES))
 def test_upgrade_fallback_signal_matrix(tmp_path: Path, qemu_b: Path,  # noqa: F811
-                                        sig: str) -> None:
-    _signal_matrix_case(tmp_path, qemu_b, "migrating", sig, ("method", "_migrate"),
+                                        phase: str, sig: str) -> None:
+    _signal_matrix_case(tmp_path, qemu_b, f"fallback-{phase}", sig, FALLBACK_PHASES[phase],
                         "--fallback", "migrate")
 
 
@@ -147,7 +166,7 @@ def _signal_matrix_case(tmp_path: Path, qemu_b: Path, phase: str, sig: str,  # n
         else:
             # before the switch: rolled back (exit 1); from ``migrate`` on: finished
             assert "Traceback" not in r.stderr
-            want = 1 if phase in ("start", "started", "migrating") else 0
+            want = 1 if phase in ROLLED_BACK else 0
             assert r.returncode == want, r.stderr[-2000:]
         deadline = time.monotonic() + SETTLE_S
         while True:
@@ -162,7 +181,9 @@ def _signal_matrix_case(tmp_path: Path, qemu_b: Path, phase: str, sig: str,  # n
         assert journal.pending() == [] or all(str(qmp) not in j.read_text()
                                                for j in journal.pending())
         if pids[0] == old.pid:  # the old QEMU kept the guest: nothing happened to it
-            assert phase in ("start", "started", "migrating"), phase
+            # (a kill -9 mid-copy: the engine's guardian keeps the source unless the
+            # destination was confirmed running)
+            assert phase in ROLLED_BACK or (sig, phase) == ("kill", "fallback-copying"), phase
         else:
             assert old.wait(timeout=15) is not None
             assert Path(os.readlink(f"/proc/{pids[0]}/exe")) == qemu_b.resolve()

@@ -7,8 +7,11 @@ What maps where:
 - timestamps: ``t_migrate`` when ``virDomainMigrateToURI3`` was called, ``t_end`` when
   it returned; with a held-paused destination (``VIR_MIGRATE_PAUSED``, copied disks
   compared) ``t_dst_done`` = ``t_end`` and ``t_cont`` when livemig resumed it, so
-  ``verify_hold_ms`` is the comparison's hold. ``t_ram`` is None: libvirt's RAM
-  phase start is not visible from outside (its ``time_elapsed`` covers it);
+  ``verify_hold_ms`` is the comparison's hold. ``t_ram``: when QEMU's own migration
+  began (after libvirt's begin/prepare and any disk copy), anchored from a passthrough
+  ``query-migrate``; ``libvirt.phases`` splits the call's wall clock at it
+  (``prepare_s``: the destination QEMU's start, the disk copy; ``migration_s``: QEMU's
+  migration to the call's return, the figure to set beside an attach run's time);
 - ``final_stats``: libvirt's completed-job statistics in QEMU's ``query-migrate``
   shape (``setup-time``, ``downtime``, ``ram.transferred/total/dirty-sync-count``),
   falling back to the last poll; no ``total-time``, so ``total_time_s`` is the wall
@@ -64,7 +67,7 @@ def freeze(r: DomainRun) -> tuple[MigrationRecord, LibvirtFacts]:
     plan = r.plan
     held = r.t_cont is not None
     rec = MigrationRecord(
-        run_id=r.run_id, uri=o.dst_uri, t0=r.t0, t_migrate=r.t_migrate, t_ram=None,
+        run_id=r.run_id, uri=o.dst_uri, t0=r.t0, t_migrate=r.t_migrate, t_ram=r.t_qemu,
         t_end=r.t_end or r.t_migrate or r.t0,
         t_dst_done=r.t_end if held else None, t_cont=r.t_cont,
         outcome=r.result.outcome, reason=r.result.reason,
@@ -81,7 +84,7 @@ def freeze(r: DomainRun) -> tuple[MigrationRecord, LibvirtFacts]:
                             "running" if r.destination.get("running") else "paused"),
         plan=r.engine_plan, encoding=r.encoding)
     facts = LibvirtFacts(
-        libvirt=dict(r.libvirt), job_stats=dict(r.completed_stats),
+        libvirt={**r.libvirt, "phases": phases(r)}, job_stats=dict(r.completed_stats),
         ram_check=r.ram_check or {"result": "skipped", "why": "not checked"},
         disk_check=r.disk_check or {"result": "skipped",
                                     "why": f"storage {o.request.storage}"},
@@ -96,6 +99,14 @@ def freeze(r: DomainRun) -> tuple[MigrationRecord, LibvirtFacts]:
                   "unsafe": o.request.unsafe},
         absent=_absent(r))
     return rec, facts
+
+
+def phases(r: DomainRun) -> dict[str, float | None]:
+    """The libvirt call's wall clock split where QEMU's own migration began."""
+    if r.t_migrate is None or r.t_end is None or r.t_qemu is None:
+        return {"prepare_s": None, "migration_s": None}
+    return {"prepare_s": round(max(0.0, r.t_qemu - r.t_migrate), 3),
+            "migration_s": round(r.t_end - max(r.t_qemu, r.t_migrate), 3)}
 
 
 def _absent(r: DomainRun) -> dict[str, str]:

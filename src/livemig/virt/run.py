@@ -97,6 +97,10 @@ class Outcome:
     reason: str | None = None
 
 
+# query-migrate states in which total-time counts from QEMU's ``migrate`` command
+ACTIVE_STATES = ("setup", "active", "pre-switchover", "device", "postcopy-active")
+
+
 @dataclass
 class DomainRun:
     """What one run observed as it went; ``record.freeze`` makes it the engine's
@@ -107,6 +111,10 @@ class DomainRun:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     t_migrate: float | None = None
     t_end: float | None = None  # virDomainMigrateToURI3 returned
+    # QEMU's own migration began (its ``migrate``, after libvirt's begin/prepare: the
+    # destination QEMU started, and the disk copy): anchored from a passthrough
+    # ``query-migrate``'s ``total-time`` at the first poll that sees it active
+    t_qemu: float | None = None
     t_cont: float | None = None  # the held-paused destination was resumed
     result: Outcome = field(default_factory=Outcome)
     plan: Plan | None = None
@@ -395,6 +403,8 @@ class DomainMigration:
                 if not downtime_set and plan.downtime_ms is not None:
                     downtime_set = self._set_downtime(plan.downtime_ms, "--set downtime-limit")
                 cpu_last = cpu_seconds(self.dom) or cpu_last
+                if self.run.t_qemu is None:
+                    self._anchor_qemu_start()
                 self._tick(stats)
         self.run.t_end = time.time()
         if cpu0 is not None and cpu_last is not None:
@@ -442,6 +452,18 @@ class DomainMigration:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+
+    def _anchor_qemu_start(self) -> None:
+        """When QEMU's ``migrate`` ran, from its ``total-time`` (one passthrough query;
+        a query job, which libvirt allows beside the migration)."""
+        try:
+            info = qmp.command(self.dom, "query-migrate") or {}
+        except LivemigError:
+            return
+        total = info.get("total-time")
+        if info.get("status") in ACTIVE_STATES and isinstance(total, (int, float)):
+            self.run.t_qemu = time.time() - total / 1000.0
+            self.run.event("qemu migration started", before_s=round(total / 1000.0, 3))
 
     def _abort_job(self) -> None:
         try:
