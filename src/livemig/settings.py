@@ -108,6 +108,11 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                                    "ceiling of the downtime ramp, ms (1 to 600000)"),
     "on-stall": LivemigSetting("force", _choice("force", "abort", "postcopy"),
                                "force|abort|postcopy when the strategy is exhausted"),
+    "postcopy-after": LivemigSetting(0.0, _number(0, 86_400),
+                                     "seconds of pre-copy after which the migration "
+                                     "switches to post-copy if it has not completed "
+                                     "(0: never); the destination then runs the guest "
+                                     "and pulls the pages it still lacks"),
     "disk-granularity": LivemigSetting(
         64 << 10, _granularity, "dirty-bitmap granularity of the disk mirror (--storage "
         "copy): auto (from the guest's write sizes) or a power of two, 512 to 64M"),
@@ -282,9 +287,10 @@ def resolve(
                 res.capabilities["auto-converge"] = True
             if key == "throttle" and value == "dirty-limit" and "dirty-limit" in qemu_caps:
                 res.capabilities["dirty-limit"] = True
-            if key == "on-stall" and value == "postcopy":
+            if (key == "on-stall" and value == "postcopy") or (
+                    key == "postcopy-after" and res.livemig[key]):
                 if "postcopy-ram" not in qemu_caps:
-                    raise UsageError("on-stall=postcopy: this QEMU has no postcopy-ram")
+                    raise UsageError(f"{key}={value}: this QEMU has no postcopy-ram")
                 res.capabilities["postcopy-ram"] = True
             if key == "switchover-drain":
                 _switchover_drain(res, value, qemu_caps)

@@ -618,3 +618,78 @@ def test_guardian_restores_even_when_the_source_refuses_cont():
     done = asyncio.run(repair_ends(src, dst, spec))
     assert any("source cont failed" in a for a in done["actions"])
     assert src.params["downtime-limit"] == 300
+
+
+# -- post-copy ------------------------------------------------------------------------
+def _postcopy_ends(statuses: list[str]):
+    src, dst = ends(statuses=statuses)
+    for end in (src, dst):
+        end.caps["postcopy-ram"] = False
+    src.commands.add("migrate-start-postcopy")
+
+    async def paced(timeout: float):  # polls a period apart, so that time passes
+        await asyncio.sleep(timeout)
+        return None
+    src.next_event = paced  # type: ignore[method-assign]
+    dst.events.append({"event": "MIGRATION", "data": {"status": "completed"},
+                       "timestamp": {"seconds": 1, "microseconds": 0}})
+    return src, dst
+
+
+def test_postcopy_after_resumes_the_destination_as_soon_as_postcopy_began():
+    src, dst = _postcopy_ends(["active", "active", "postcopy-active", "postcopy-active",
+                               "completed"])
+    plan = Plan(URI, settings=(("postcopy-after", "0.001"), *FAST),
+                profile="defaults").validate()
+    rec = run(Engine(src, dst, plan))
+    assert rec.outcome == "completed", rec.reason
+    assert src.called("migrate-start-postcopy")
+    assert src.caps["postcopy-ram"] is False  # set for the run, put back
+    names = [c for c, _ in src.log]
+    # the destination ran while the source was still in post-copy, not at the end
+    cont_at = dst.log.index(("cont", {}))
+    assert cont_at >= 0 and names.count("query-migrate") >= 4
+    assert rec.ram is not None and rec.ram.result == "skipped"
+    assert "post-copy" in (rec.ram.why or "")
+    assert not dst.called("x-query-ram-digest")  # nothing to compare: it ran already
+    assert rec.verify_hold_ms == 0.0
+    assert any(e.get("event") == "destination resumed in post-copy" for e in rec.events)
+
+
+def test_in_postcopy_an_interrupt_neither_cancels_nor_resumes_the_source():
+    src, dst = _postcopy_ends(["active", "active", "active", "postcopy-active",
+                               "postcopy-active", "completed"])
+    ev = asyncio.Event()
+    plan = Plan(URI, settings=(("postcopy-after", "0.001"), *FAST),
+                profile="defaults").validate()
+    orig = src.cmd
+
+    async def cmd(command, **args):
+        if command == "migrate-start-postcopy":
+            ev.set()  # Ctrl-C right after post-copy began
+        return await orig(command, **args)
+
+    src.cmd = cmd  # type: ignore[method-assign]
+    rec = run(Engine(src, dst, plan, interrupt=ev))
+    assert rec.outcome == "completed", rec.reason
+    assert not src.called("migrate_cancel") and not src.called("cont")
+    assert dst.status == "running"
+    assert any(e.get("event") == "stop not possible in post-copy" for e in rec.events)
+
+
+def test_a_postcopy_whose_link_failed_leaves_both_ends_as_they_are():
+    src, dst = _postcopy_ends(["active", "active", "active", "postcopy-active",
+                               "postcopy-paused"])
+    plan = Plan(URI, settings=(("postcopy-after", "0.001"), *FAST),
+                profile="defaults").validate()
+    rec = run(Engine(src, dst, plan))
+    assert rec.outcome == "failed" and "post-copy paused" in (rec.reason or "")
+    # cancelling would lose the pages only the source has; resuming it, run it twice
+    assert not src.called("migrate_cancel") and not src.called("cont")
+
+
+def test_postcopy_after_needs_postcopy_ram():
+    src, dst = ends()
+    plan = Plan(URI, settings=(("postcopy-after", "5"), *FAST), profile="defaults").validate()
+    with pytest.raises(UsageError, match="postcopy-after=5: this QEMU has no postcopy-ram"):
+        run(Engine(src, dst, plan))

@@ -210,3 +210,19 @@ def test_check_throttle() -> None:
         check_throttle("converge", "tcg", {"query-migrate"})
     with pytest.raises(UsageError, match="dirty-limit needs KVM"):
         check_throttle("dirty-limit", "tcg", {"set-cpu-throttle"})
+
+
+def test_postcopy_after_starts_postcopy_once_at_its_time() -> None:
+    from livemig.policy.convergence import PostcopyAfter
+
+    ex = PolicyExecutor(PolicyConfig.from_settings({"postcopy-after": 30.0}, 300),
+                        Recorder(), lambda w, d: None)
+    assert [p.name for p in ex.policies] == ["postcopy-after"]
+    p = PostcopyAfter(30.0)
+    assert p.decide(Snapshot(t=29.9, rounds=3, remaining=1 << 20, dirty_rate=0,
+                             bandwidth=1e6)) == []
+    acts = p.decide(Snapshot(t=30.1, rounds=4, remaining=1 << 20, dirty_rate=0,
+                             bandwidth=1e6))
+    assert len(acts) == 1 and isinstance(acts[0], StartPostcopy)
+    assert "postcopy-after 30 s" in acts[0].reason
+    assert p.decide(Snapshot(t=31, rounds=5, remaining=1, dirty_rate=0, bandwidth=1e6)) == []

@@ -316,3 +316,9 @@ def test_stream_globals_left_by_an_earlier_migration_are_replaced():
     assert "migration.multifd-compression=lz4" in out and "/usr/share/seabios" in out
     bare = with_globals(xml, {})
     assert not has_stream_globals(bare) and "/usr/share/seabios" in bare
+
+
+def test_postcopy_after_asks_libvirt_for_postcopy() -> None:
+    p = plan_for("defaults", {"postcopy-after": "20"})
+    assert p.flags & P.POSTCOPY and p.postcopy_after == 20.0
+    assert not plan_for("defaults").flags & P.POSTCOPY

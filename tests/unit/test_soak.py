@@ -32,14 +32,19 @@ def test_catalogue_covers_every_value_of_every_dimension():
 
 
 def test_every_combination_is_a_valid_plan_and_load():
-    caps = {"return-path": True, "multifd": True, "xbzrle": True, "x-switchover-drain": True}
+    caps = {"return-path": True, "multifd": True, "xbzrle": True, "x-switchover-drain": True,
+            "postcopy-ram": True}
     for c in combos.COMBOS.values():
         parse_workload(c.workload)  # the host's parser accepts every load
         comb = c.combination()
         r = resolve(comb.sets, caps, {"x-hot-page-defer-percent": "int"})
         assert r.livemig["encoding"] == c.encoding
         assert r.livemig["throttle"] == c.throttle
-        assert (c.bandwidth is not None) == (c.throttle != "off" or c.defer), c.name
+        assert (c.bandwidth is not None) == (c.throttle != "off" or c.defer
+                                             or c.postcopy), c.name
+        assert (r.livemig["postcopy-after"] > 0) == c.postcopy, c.name
+        if c.postcopy:  # no verify hold to inject at: the checker verifies these
+            assert c.fault_kind is None and r.capabilities["postcopy-ram"]
 
 
 def test_loads_grouped_so_the_checker_restarts_once_per_load():

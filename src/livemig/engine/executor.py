@@ -34,7 +34,7 @@ from livemig.policy.base import (
     StrategyExhausted,
 )
 from livemig.policy.converge import ConvergeThrottle
-from livemig.policy.convergence import DowntimeRamp, LastResort
+from livemig.policy.convergence import DowntimeRamp, LastResort, PostcopyAfter
 from livemig.policy.disk import IoQos, LinkShare
 from livemig.policy.throttle import ThrottlePolicy
 
@@ -59,6 +59,7 @@ class PolicyConfig:
     downtime_ramp: bool = False
     max_downtime: int = 1000
     on_stall: str = "force"
+    postcopy_after: float = 0.0  # seconds of pre-copy, then post-copy (0: never)
     disk_copy: bool = False  # the caller copies the disk (the disk policies may run)
     disk_link: float | None = None  # bytes/s the copy and RAM share (None: not shared)
     disk_schedule: str = "libvirt"  # first: LinkShare splits the link after the first pass
@@ -75,6 +76,7 @@ class PolicyConfig:
                    downtime_ramp=bool(settings.get("downtime-ramp", False)),
                    max_downtime=int(settings.get("max-downtime", 1000)),
                    on_stall=str(settings.get("on-stall", "force")),
+                   postcopy_after=float(settings.get("postcopy-after", 0.0)),
                    disk_copy=disk_link is not None, disk_link=disk_link,
                    disk_schedule=str(settings.get("disk-schedule", "libvirt")),
                    io_qos=bool(settings.get("io-qos", False)), ram_cap=ram_cap)
@@ -102,6 +104,8 @@ class PolicyExecutor:
             self.policies.append(LinkShare(cfg.disk_link, cfg.ram_cap))
         if cfg.disk_copy and cfg.io_qos:
             self.policies.append(IoQos())
+        if cfg.postcopy_after > 0:
+            self.policies.append(PostcopyAfter(cfg.postcopy_after))
         self.last_resort = LastResort(cfg.on_stall)
         self.throttle_pct = 0
         self.io_cap = 0

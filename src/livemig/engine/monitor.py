@@ -6,7 +6,10 @@ into an :class:`Observation`, the policies run (the executor returns a
 source's ``MIGRATION`` events. ``MIGRATION_PASS`` events mark round boundaries.
 Whatever decides to cancel (a policy, ``--max-time``, Ctrl-C, a dead destination)
 goes through the same ``migrate_cancel``; the loop then runs on until QEMU
-reports a terminal state.
+reports a terminal state. Once the migration is in post-copy nothing cancels it (the
+destination runs the guest, the source holds the pages it still lacks: a cancel
+would lose the guest), and ``on_postcopy`` (the engine's: resume the destination)
+runs at each poll until it says it is done.
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ class Monitor:
                  stall_timeout: float = 0.0,
                  release: Callable[[], Awaitable[None]] | None = None,
                  on_tick: Callable[[], None] | None = None,
-                 switchover: SwitchoverWatch | None = None) -> None:
+                 switchover: SwitchoverWatch | None = None,
+                 on_postcopy: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.src = src
         self.dst = dst
         self.events = events
@@ -89,6 +93,10 @@ class Monitor:
         self.on_tick = on_tick  # the engine's own per-poll work (thread pinning)
         self.switchover = switchover
         self.yanked: str | None = None  # why the migration was yanked, once it was
+        self.on_postcopy = on_postcopy
+        self.postcopy_done = False  # on_postcopy said the destination runs
+        self.postcopy_noted = False  # a stop asked in post-copy was said once
+        self.postcopy_asked = False  # migrate-start-postcopy issued: no cancel from here
 
     async def run(self) -> Terminal:
         start = time.monotonic()
@@ -110,7 +118,9 @@ class Monitor:
             if obs.status == "pre-switchover" and not cancelled_for \
                     and await self.hooks.pre_switchover():
                 continue
-            if cancelled_for is None:
+            if obs.status.startswith("postcopy"):
+                await self._postcopy(obs)
+            elif cancelled_for is None:
                 verdict = await self._decide(obs)
                 if verdict.decision is Decision.CANCEL:
                     cancelled_for = verdict.reason
@@ -166,6 +176,29 @@ class Monitor:
         except VMError as e:
             self.events.event("yank failed", error=str(e))
 
+    async def _postcopy(self, obs: Observation) -> None:
+        """In post-copy: the destination resumed (once), and nothing cancels."""
+        if self.dst is not None and not self.dst.alive():
+            raise VMError(f"destination QEMU is gone ({self.dst.name}) in post-copy: the "
+                          "guest is lost with it (the source lacks its newest pages)")
+        if obs.status == "postcopy-paused":
+            raise VMError("post-copy paused: the migration link failed; the guest waits "
+                          "on the destination for pages only the source has (recover "
+                          "with QMP migrate-recover on the destination, then migrate "
+                          "with resume=true on the source)")
+        if (not self.postcopy_done and self.on_postcopy is not None
+                and obs.status.startswith("postcopy")):  # QEMU handed the guest over
+            self.postcopy_done = await self.on_postcopy()
+        stop = ("interrupted" if self.interrupt.is_set() else
+                f"--max-time {self.max_time:g}s" if self.max_time and obs.t > self.max_time
+                else None)
+        if stop and not self.postcopy_noted:
+            self.postcopy_noted = True
+            self.events.event("stop not possible in post-copy", reason=stop)
+            self.events.say(f"{stop}: the migration is in post-copy (the destination runs "
+                            "the guest and still pulls pages from the source): it cannot be "
+                            "cancelled without losing the guest; it runs to its end")
+
     async def _decide(self, obs: Observation) -> Verdict:
         """The policies first (they may abort), then the run's own limits."""
         verdict = CONTINUE
@@ -173,6 +206,11 @@ class Monitor:
         if p is not None and p.active and obs.status == "active":
             verdict = await p.tick(obs.snapshot(self.hooks.disk_observation()))
         if verdict.decision is Decision.CANCEL:
+            return verdict
+        if verdict.decision is Decision.POSTCOPY:
+            self.postcopy_asked = True
+        if self.postcopy_asked:  # QEMU is switching to post-copy: see _postcopy
+            await self._postcopy(obs)
             return verdict
         if self.interrupt.is_set():
             return Verdict(Decision.CANCEL, "interrupted")

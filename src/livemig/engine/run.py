@@ -115,6 +115,7 @@ class _State:
     ram: RamVerdict | None = None
     source_after: dict[str, Any] | None = None
     dst_status: str | None = None
+    postcopy: bool = False  # the destination ran in post-copy (livemig resumed it)
 
 
 class Engine:
@@ -196,7 +197,8 @@ class Engine:
                       stall_timeout=float(self.neg.resolved.livemig["stall-timeout"]),
                       release=self._release_controls,
                       on_tick=self.pinner.apply if self.pinner is not None else None,
-                      switchover=self._switchover_watch())
+                      switchover=self._switchover_watch(),
+                      on_postcopy=self._postcopy_resume)
         end = await mon.run()
         self.s.final = end.info
         await self._release_controls()
@@ -208,6 +210,27 @@ class Engine:
         else:
             raise VMError(f"migration {end.status}: "
                           f"{end.cancelled_for or end.info.get('error-desc', '?')}")
+
+    async def _postcopy_resume(self) -> bool:
+        """Post-copy began: the destination (started with ``-S``, as every
+        destination livemig drives) runs the guest as soon as QEMU handed it over,
+        as libvirt does, or the guest would stay paused until the last page arrived.
+        True once it runs. The guardian is told first: from here on the destination
+        is the VM (the source never resumes; its RAM is no longer the guest's)."""
+        status = (await self.dst.cmd("query-status")).get("status")
+        if status == "running":
+            return True
+        if status not in PAUSED:
+            return False  # still loading the device state: look again next poll
+        if self._guardian is not None:
+            self._guardian.tell(guardian.VERIFIED)
+        await self.dst.cmd("cont")
+        self.s.t_cont = time.time()
+        self.s.postcopy = True
+        self.events.event("destination resumed in post-copy", was=status)
+        self.events.say("post-copy: the guest runs on the destination, which pulls the "
+                        "pages it still lacks from the source")
+        return True
 
     def _switchover_watch(self) -> SwitchoverWatch | None:
         """The final send watched through the kernel while QMP is blocked (a local
@@ -232,12 +255,18 @@ class Engine:
     async def _switchover(self) -> None:
         self.events.event("phase switched")
         self.cpu["source"] = _delta(proc_cpu(self.src.pid), self.cpu.get("source_before"))
-        self.s.t_dst_done = await self._wait_destination_done()
+        done = await self._wait_destination_done()
+        # in post-copy the destination ran before it was done: no hold to count
+        self.s.t_dst_done = self.s.t_cont if self.s.postcopy else done
         await self.hooks.before_verify()
         status = (await self.dst.cmd("query-status")).get("status")
         if self.plan.verify:
             self.events.event("phase verifying")
-            if status == "running":
+            if self.s.postcopy:
+                self.s.ram = skipped("post-copy: the destination ran before all of its "
+                                     "RAM had arrived (the guest's own checker is the "
+                                     "verification there)")
+            elif status == "running":
                 self.s.ram = skipped("the destination runs already (not started with -S)")
             else:
                 self.events.say("comparing guest RAM: source vs destination")
@@ -330,6 +359,14 @@ class Engine:
             await self._release_controls()
             await self.hooks.after_failure()
             info = await self.src.cmd("query-migrate")
+            if str(info.get("status")).startswith("postcopy"):
+                # the destination runs the guest and the source holds pages it lacks:
+                # cancelling loses the guest, resuming the source runs it twice
+                self.s.final = info
+                self.s.source_after = {"running": False, "error": (
+                    f"post-copy ({info.get('status')}): the source is left as it is")}
+                self.events.event("source not resumed", **self.s.source_after)
+                return
             if info.get("status") not in (*TERMINAL, None, "none"):
                 await self.src.cmd("migrate_cancel")
                 info = await self._wait_source_terminal()

@@ -7,6 +7,11 @@ there' switches over with a slightly longer pause instead of never.
 ``LastResort``: when the strategy is exhausted, force the switchover (the pause is
 then as long as the remainder takes; the user is told), abort keeping the source
 running, or switch to post-copy.
+
+``PostcopyAfter``: switch to post-copy once pre-copy has run a set time without
+completing (KubeVirt's ``completionTimeoutPerGiB`` with ``allowPostCopy``, per
+migration): a bound on how long the migration holds the source, whatever the guest
+does, at the price of a destination that runs before it has all of its RAM.
 """
 
 from __future__ import annotations
@@ -41,6 +46,21 @@ class DowntimeRamp:
         self.limit = min(self.max_ms, round(self.limit * FACTOR))
         return [SetDowntimeLimit(f"rounds not shrinking: downtime-limit -> {self.limit} ms",
                                  self.limit)]
+
+
+class PostcopyAfter:
+    name = "postcopy-after"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.fired = False
+
+    def decide(self, s: Snapshot) -> list[Action]:
+        if self.fired or s.t < self.seconds:
+            return []
+        self.fired = True
+        return [StartPostcopy(f"switching to post-copy: pre-copy ran {s.t:.1f} s "
+                              f"(postcopy-after {self.seconds:g} s), {s.remaining} B left")]
 
 
 class LastResort:

@@ -199,6 +199,7 @@ class Plan:
     downtime_ramp: bool
     max_downtime: int
     on_stall: str
+    postcopy_after: float
     poll_interval: float
     notes: tuple[str, ...] = field(default_factory=tuple)
     ram_check: bool = False  # the source sends RAM digests; the destination compares
@@ -218,6 +219,7 @@ class Plan:
                 "downtime_ms": self.downtime_ms, "throttle": self.throttle,
                 "throttle_knob": self.throttle_knob, "downtime_ramp": self.downtime_ramp,
                 "max_downtime": self.max_downtime, "on_stall": self.on_stall,
+                "postcopy_after": self.postcopy_after,
                 "poll_interval": self.poll_interval, "notes": list(self.notes),
                 "ram_check": ("in-stream digest" if self.ram_check
                               else f"off: {self.ram_check_why}"),
@@ -337,7 +339,7 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
         raise UsageError("throttle=dirty-limit: libvirt 9.0 has no dirty-limit migration "
                          "flag (and it needs KVM with a dirty ring)")
     on_stall = str(lm["on-stall"])
-    if on_stall == "postcopy":
+    if on_stall == "postcopy" or float(lm.get("postcopy-after") or 0) > 0:
         flags |= POSTCOPY
     for key, why in NOT_UNDER_LIBVIRT.items():
         if lm[key] == LIVEMIG_SETTINGS[key].default:
@@ -386,6 +388,7 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
                 dst_globals=dst_globals, downtime_ms=downtime, throttle=throttle,
                 throttle_knob=knob, downtime_ramp=bool(lm["downtime-ramp"]),
                 max_downtime=int(lm["max-downtime"]), on_stall=on_stall,
+                postcopy_after=float(lm.get("postcopy-after") or 0),
                 poll_interval=float(lm["poll-interval"]), notes=tuple(notes),
                 ram_check=ram_check, ram_check_why=why, disk_check=str(lm["disk-check"]),
                 io_qos=io_qos, drain=drain)

@@ -222,7 +222,8 @@ class DomainMigration:
         # libvirt drives the disk copy: no link share (disk-schedule), IO QoS if asked
         cfg = PolicyConfig(throttle=plan.throttle, downtime_ms=start,
                            downtime_ramp=plan.downtime_ramp, max_downtime=plan.max_downtime,
-                           on_stall=plan.on_stall, disk_copy=bool(io), io_qos=bool(io))
+                           on_stall=plan.on_stall, postcopy_after=plan.postcopy_after,
+                           disk_copy=bool(io), io_qos=bool(io))
         self.executor = PolicyExecutor(cfg, self.actuator,
                                        lambda what, data: self.run.event(what, **data))
         with contextlib.suppress(self.libvirt.libvirtError):
