@@ -96,8 +96,10 @@ def test_no_throttle_when_the_migration_converges_by_itself():
 
 def test_long_deep_throttle_is_split():
     # a big remainder at a slow link: > 90 % would be needed for many seconds
-    p = ConvergeThrottle(300)
-    res = simulate(p.decide, b=12 * MB, d=300 * MB, hot=300 * MB, r0=500 * MB)
+    # (a 1 s downtime limit: the throttle may go to 99 %, see the sleep cap below)
+    p = ConvergeThrottle(1000)
+    res = simulate(p.decide, b=12 * MB, d=300 * MB, hot=300 * MB, r0=500 * MB,
+                   downtime_s=1.0)
     assert res.converged
     assert p.percent >= DEEP
 
@@ -107,7 +109,21 @@ def test_exhausted_when_even_the_maximum_does_not_converge():
     # a tiny budget against a huge page rate: 99 % still leaves too much
     res = simulate(p.decide, b=1 * MB, d=5000 * MB, hot=2000 * MB, r0=3000 * MB,
                    downtime_s=0.001)
-    assert not res.converged and p.exhausted and p.percent == MAX_PCT
+    assert not res.converged and p.exhausted and p.percent == p.max_pct == 96
+
+
+def test_no_throttle_sleeps_longer_than_the_downtime_limit():
+    # QEMU sleeps a throttled vCPU θ/(1-θ) × 10 ms at a time: 99 % froze the guest
+    # for 990 ms per sleep (a 1 s heartbeat gap measured, QEMU's downtime 16 ms)
+    p = ConvergeThrottle(300)
+    assert p.max_pct == 96  # 10 ms × 96/4 = 240 ms ≤ 300 ms < 10 ms × 97/3
+    p.set_downtime(1000)  # the downtime ramp raised the limit: deeper is allowed
+    assert p.max_pct == MAX_PCT
+    # a guest that outruns the link by far gets the cap, not 99 %
+    args = {"b": 50 * MB, "d": 2000 * MB, "hot": 300 * MB, "r0": 400 * MB}
+    q = ConvergeThrottle(300)
+    simulate(q.decide, **args)
+    assert 0 < q.percent <= 96
 
 
 def test_rounds_drain_at_the_page_rate_but_the_budget_is_wire_bytes():

@@ -46,6 +46,13 @@ guest that outran even the fastest drain the first pass showed is throttled at o
 (per-poll drain rates spread widely on a busy host: 21-87 MB/s within one recorded
 pass, whose smoothed rate made a guest that converged alone look unconvergeable).
 
+A throttle is not a smooth slowdown: QEMU runs the vCPU for a 10 ms slice
+(``CPU_THROTTLE_TIMESLICE_NS``) and then sleeps it ``θ/(1-θ)`` slices: at 99 % the
+guest is frozen for 990 ms at a time (measured: a 1000 ms gap in the guest's heartbeat
+at 99 % where QEMU's own downtime was 16 ms). The throttle is therefore capped where
+one sleep would exceed the downtime limit, the pause the user accepted for the
+switchover itself: ``θ ≤ L / (L + 10 ms)`` (96 % at 300 ms, 99 % from 990 ms).
+
 When θ would exceed ``DEEP`` (the guest below 10 % of normal) for longer than
 ``DEEP_MAX_S``, the throttle holds at ``DEEP`` for that long and recomputes at the
 next round: deep throttling for long is what stock auto-converge avoids and what the
@@ -70,6 +77,7 @@ SAFETY = 0.8  # aim the next remainder at 80 % of what the downtime limit allows
 DEEP = 90  # % above which the guest runs below 10 % of normal
 DEEP_MAX_S = 3.0  # at most this long at a time below 10 % (the harm target's floor)
 MAX_PCT = 99
+SLICE_S = 0.010  # QEMU's CPU_THROTTLE_TIMESLICE_NS: a throttled vCPU sleeps in these
 HOLD_ROUNDS = 2
 MAX_ROUNDS = 12  # the longest throttled plan weighed (the lightest throttle)
 MAX_FREE_ROUNDS = 30  # an unthrottled guest that shrinks is left to run this many rounds
@@ -96,6 +104,12 @@ class ConvergeThrottle:
     def set_downtime(self, ms: int) -> None:
         """The downtime ramp raised the limit: aim at the new one."""
         self.downtime_s = ms / 1000.0
+
+    @property
+    def max_pct(self) -> int:
+        """The deepest throttle whose sleeps are no longer than the downtime limit."""
+        return max(1, min(MAX_PCT, int(100.0 * self.downtime_s
+                                       / (self.downtime_s + SLICE_S))))
 
     def decide(self, s: Snapshot) -> list[Action]:
         raw = s.page_rate or s.bandwidth
@@ -137,7 +151,8 @@ class ConvergeThrottle:
             # θ × T_round) while waiting costs one unthrottled round: measure first
             return []
         theta, rounds = plan(t_round, free, SAFETY * budget / r)
-        pct = max(self.percent, min(MAX_PCT, round(100.0 * theta + 0.5) if theta else 0))
+        top = self.max_pct
+        pct = max(self.percent, min(top, round(100.0 * theta + 0.5) if theta else 0))
         why = (f"round {s.rounds}: {r >> 20} MiB dirty (distinct rate {d / 2**20:.0f} MiB/s, "
                f"drained at {b / 2**20:.0f} MiB/s, {w / 2**20:.0f} MiB/s on the wire, "
                f"downtime budget {budget / 2**20:.1f} MiB)")
@@ -145,11 +160,12 @@ class ConvergeThrottle:
             pct = DEEP  # the round would keep the guest below 10 % too long: shrink R first
             why += f"; needs more than {DEEP}% for {t_round:.1f}s: {DEEP}% this round"
         stalled = prev is not None and r >= STALL * prev[1]
-        if pct >= MAX_PCT and self.percent >= MAX_PCT and stalled:
+        if pct >= top and self.percent >= top and stalled:
             self._at_max += 1
             if self._at_max > HOLD_ROUNDS:
                 self.exhausted = True
-                return [StrategyExhausted(f"throttle held {MAX_PCT}% for {HOLD_ROUNDS} "
+                return [StrategyExhausted(f"throttle held {top}% (the deepest whose sleeps "
+                                          f"fit the downtime limit) for {HOLD_ROUNDS} "
                                           f"rounds without converging")]
         if pct == self.percent:
             return []
