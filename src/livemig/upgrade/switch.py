@@ -305,7 +305,16 @@ class Upgrade:
         res.t_issue = time.time()
         engine = Engine(self.old, new, plan, events=self.events, interrupt=self.interrupt,
                         run_id=f"u{os.getpid()}", guardian_dir=self.work / "guardian")
-        rec = await engine.run()
+        # the old QEMU's monitor was moved aside (the new QEMU serves the VM's path):
+        # the engine's guardian, should livemig die, must reach it there, not the new
+        # QEMU a second time at the VM's path (found by the kill -9 mid-copy case:
+        # the guardian's "source" repair went to the new QEMU, the old one stayed paused)
+        home = self.old.socket_path
+        self.old.socket_path = Path(dict(self._moved).get(str(home), str(home)))
+        try:
+            rec = await engine.run()
+        finally:
+            self.old.socket_path = home
         res.final_stats = dict(rec.final_stats)
         if not rec.completed:
             raise VMError(f"local live migration {rec.outcome}: {rec.reason}")
