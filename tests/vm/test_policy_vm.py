@@ -22,8 +22,9 @@ def test_heavy_hot_set_over_1gbit_completes_with_livemig_profile(tmp_path):
 
 
 def test_on_stall_abort_leaves_the_source_running(tmp_path):
-    """Flat-out writer, 3 MB/s stream: even 99% throttle leaves the guest dirtying
-    faster than the stream; the strategy is exhausted and on-stall=abort cancels."""
+    """Flat-out writer, 3 MB/s stream: even the deepest throttle the policy takes (96 %,
+    its sleeps capped by the downtime limit) leaves the guest dirtying faster than the
+    stream; the strategy is exhausted and on-stall=abort cancels."""
     r = run_migrate(tmp_path, "--memory", "320M", "--profile", "livemig", "--bandwidth", "3M",
                     "--workload", "mem:size=96M,rate=0", "--set", "xbzrle=off",
                     "--set", "downtime-ramp=off", "--set", "on-stall=abort",
