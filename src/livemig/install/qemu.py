@@ -11,6 +11,7 @@ firmware file) is never overwritten or removed.
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import json
 import os
@@ -125,7 +126,7 @@ def install(prefix: Path, upstream: bool = False, with_apparmor: bool = True,
     where /etc lives (tests)."""
     prefix = check_prefix(prefix)
     src = source_binary(upstream)
-    plan = firmware.links()
+    plan = firmware.links(firmware.SOURCES)
     lacking = firmware.missing_required(plan)
     if lacking:
         raise SetupError(f"no {', '.join(lacking)} in "
@@ -192,8 +193,6 @@ def uninstall(prefix: Path, root: Path = Path("/")) -> list[Path]:
     removed.append(prefix / MANIFEST)
     for d in (prefix / "share/livemig", prefix / DATA, prefix / "share", prefix / "bin",
               prefix):
-        try:
+        with contextlib.suppress(OSError):  # not empty (someone else's files) or gone
             d.rmdir()
-        except OSError:
-            pass  # not empty (someone else's files) or already gone
     return removed
