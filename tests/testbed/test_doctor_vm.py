@@ -61,8 +61,8 @@ def test_doctor_passes_the_destination_and_fails_a_non_qemu(installed: Path,
     r = _doctor(libvirtd.uri("dst"), "--emulator", str(installed))
     assert r.returncode == 0, r.stdout + r.stderr
     lines = {ln.split()[1]: ln.split()[0] for ln in r.stdout.splitlines()[:-1]}
-    for what in ("libvirt", "emulator", "qemu", "mechanisms", "firmware", "tls", "memory",
-                 "domains"):
+    for what in ("libvirt", "emulator", "qemu", "mechanisms", "firmware", "apparmor", "tls",
+                 "memory", "domains"):
         assert lines.get(what) == "ok", (what, r.stdout)
     assert "patched build" in r.stdout and "host can take part" in r.stdout
     bad = _doctor(libvirtd.uri("dst"), "--emulator", "/bin/true")

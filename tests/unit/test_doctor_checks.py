@@ -157,3 +157,28 @@ def test_cli_bad_input_is_one_line(args: list[str], code: int) -> None:
     assert r.returncode == code, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("livemig: error:"), r.stderr
+
+
+def test_confinement_findings() -> None:
+    assert "apparmor" not in levels(GOOD)  # unknown (a remote host): no line
+    assert levels(replace(GOOD, confined=False))["apparmor"] == OK
+    assert levels(replace(GOOD, confined=True, confinement_allows=True))["apparmor"] == OK
+    denied = replace(GOOD, confined=True, confinement_allows=False)
+    assert levels(denied)["apparmor"] == FAIL and not can_take_part(check(denied))
+
+
+def test_confinement_reads_the_profiles(tmp_path: Path) -> None:
+    from livemig.install import apparmor
+
+    conf = tmp_path / "qemu.conf"
+    emu = "/opt/livemig/qemu/bin/qemu-system-x86_64"
+    root = tmp_path / "root"
+    assert gather.confinement(conf, emu, root) == (False, None)  # no libvirt profiles
+    (root / apparmor.ABSTRACTION).parent.mkdir(parents=True)
+    (root / apparmor.ABSTRACTION).write_text("  /usr/bin/qemu-system-x86_64 rmix,\n")
+    assert gather.confinement(conf, emu, root) == (True, False)
+    assert gather.confinement(conf, "/usr/bin/qemu-system-x86_64", root) == (True, True)
+    apparmor.write(apparmor.Rules(Path("/opt/livemig/qemu"), Path(emu)), root)
+    assert gather.confinement(conf, emu, root) == (True, True)
+    conf.write_text('security_driver = "none"\n')
+    assert gather.confinement(conf, emu, root) == (False, None)

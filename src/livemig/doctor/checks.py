@@ -184,6 +184,19 @@ def _memory(f: HostFacts) -> Finding:
     return Finding(OK, "memory", f"{gib:.1f} GiB free{total}")
 
 
+def _confinement(f: HostFacts) -> Finding | None:
+    if f.confined is None:
+        return None
+    if not f.confined:
+        return Finding(OK, "apparmor", "QEMU is not confined here (AppArmor off, its "
+                       "libvirt profiles absent, or security_driver none)")
+    if f.confinement_allows:
+        return Finding(OK, "apparmor", f"libvirt's profiles allow {f.emulator}")
+    return Finding(FAIL, "apparmor", f"libvirt's AppArmor profiles do not allow "
+                   f"{f.emulator}: domains naming it fail to start (livemig install-qemu "
+                   "writes the rules; docs/install.md)")
+
+
 def _domains(f: HostFacts) -> Finding:
     if f.running is None:
         return Finding(WARN, "domains", "running domains unknown")
@@ -194,6 +207,8 @@ def check(f: HostFacts) -> list[Finding]:
     """Every finding for ``f``, in a fixed order."""
     out = [_libvirt(f), _emulator(f)]
     out += _qemu(f)
+    c = _confinement(f)
+    out += [c] if c else []
     out += [_tls(f), _kvm(f), _memory(f), _domains(f)]
     return out
 

@@ -39,3 +39,5 @@ class HostFacts:
     free_memory: int | None = None  # bytes
     total_memory: int | None = None  # bytes
     running: int | None = None  # running domains
+    confined: bool | None = None  # libvirt confines QEMU with AppArmor (None: unknown)
+    confinement_allows: bool | None = None  # its profiles let the emulator run

@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 from livemig.accel import kvm_usable
 from livemig.doctor.facts import HostFacts, QemuFacts
 from livemig.doctor.probe import probe
+from livemig.install import apparmor
 from livemig.tls.creds import CLIENT_FILES, SERVER_FILES, is_local, missing
 from livemig.virt.conn import libvirt_module, message, open_uri, testbed_side
 
@@ -59,6 +60,33 @@ def tls_dir(conf: Path) -> str:
             or conf_value(text, "default_tls_x509_cert_dir") or DEFAULT_TLS_DIR)
 
 
+def confinement(conf: Path, emulator: str | None,
+                root: Path = Path("/")) -> tuple[bool, bool | None]:
+    """(confined, allowed): whether libvirt confines QEMU with AppArmor on this host
+    (kernel on, libvirt's profiles installed, ``security_driver`` not ``none``) and,
+    if so, whether its abstraction or a drop-in names ``emulator``."""
+    try:
+        text = conf.read_text()
+    except OSError:
+        text = ""
+    if conf_value(text, "security_driver") == "none" or not apparmor.applies(root) or \
+            (root == Path("/") and not apparmor.kernel_enabled()):
+        return False, None
+    if emulator is None:
+        return True, None
+    rules = [root / apparmor.ABSTRACTION]
+    d = root / apparmor.DOMAIN_DROPIN_DIR
+    rules += sorted(d.iterdir()) if d.is_dir() else []
+    pat = re.compile(rf'^\s*"?{re.escape(emulator)}"?\s+[a-zA-Z]*x', re.MULTILINE)
+    for r in rules:
+        try:
+            if pat.search(r.read_text()):
+                return True, True
+        except OSError:
+            continue
+    return True, False
+
+
 def _domcaps(conn: Any, emulator: str | None, virttype: str) -> tuple[str | None, str | None]:
     """(emulator path, error) from libvirt's domain capabilities."""
     libvirt = libvirt_module()
@@ -97,6 +125,7 @@ def gather(uri: str, emulator: Path | None, tls_required: bool) -> HostFacts:
         tdir = tls_dir(conf) if conf is not None else None
         lacking = tuple(missing(Path(tdir), tuple(dict.fromkeys(SERVER_FILES + CLIENT_FILES)))
                         ) if tdir is not None else None
+        confined, allows = confinement(conf, path) if conf is not None else (None, None)
         info = _call(conn.getInfo)
         free = _call(conn.getFreeMemory)
         doms = _call(lambda: conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE))
@@ -109,6 +138,7 @@ def gather(uri: str, emulator: Path | None, tls_required: bool) -> HostFacts:
             tls_required=tls_required, tls_dir=tdir, tls_missing=lacking,
             free_memory=int(free) if free is not None else None,
             total_memory=int(info[1]) << 20 if info else None,
-            running=len(doms) if doms is not None else None)
+            running=len(doms) if doms is not None else None, confined=confined,
+            confinement_allows=allows)
     finally:
         _call(conn.close)
