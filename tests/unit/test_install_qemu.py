@@ -140,3 +140,22 @@ def test_cli_refuses_in_one_line(fake: Path) -> None:
                        env=env, timeout=60)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "make qemu-upstream" in r.stderr
+
+
+def test_uninstall_refused_while_a_qemu_runs_from_it(fake: Path) -> None:
+    prefix = fake / "p"
+    qemu.install(prefix, root=fake / "root")
+    binary = prefix / "bin" / qemu.BINARY
+    # a stand-in QEMU: a real executable (a script's exe would be its interpreter)
+    binary.write_bytes(Path("/bin/sleep").read_bytes())
+    sleeper = subprocess.Popen([str(binary), "30"])
+    try:
+        assert qemu.running_from(binary) == [sleeper.pid]
+        with pytest.raises(UsageError, match="migrate or stop those domains"):
+            qemu.uninstall(prefix, root=fake / "root")
+        assert binary.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    qemu.uninstall(prefix, root=fake / "root")
+    assert not binary.exists()

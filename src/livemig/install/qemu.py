@@ -170,9 +170,22 @@ def install(prefix: Path, upstream: bool = False, with_apparmor: bool = True,
     return res
 
 
+def running_from(binary: Path, proc: Path = Path("/proc")) -> list[int]:
+    """The processes whose executable is ``binary`` (QEMUs of running domains)."""
+    want = str(binary)
+    out = []
+    for p in proc.iterdir():
+        if p.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(p / "exe") == want:
+                    out.append(int(p.name))
+    return sorted(out)
+
+
 def uninstall(prefix: Path, root: Path = Path("/")) -> list[Path]:
     """Remove what :func:`install` put under ``prefix`` (and its AppArmor rules);
-    returns what was removed. Directories go only when empty."""
+    returns what was removed. Directories go only when empty. Refused while a QEMU
+    runs from the installed binary: its domain could not be migrated or restarted."""
     prefix = check_prefix(prefix)
     manifest = read_manifest(prefix)
     if manifest is None:
@@ -180,6 +193,11 @@ def uninstall(prefix: Path, root: Path = Path("/")) -> list[Path]:
     _writable(prefix)
     removed: list[Path] = []
     dst = prefix / "bin" / BINARY
+    pids = running_from(dst)
+    if pids:
+        raise UsageError(f"{dst} runs as {len(pids)} process(es) (pid "
+                         f"{', '.join(map(str, pids))}): migrate or stop those domains "
+                         "first")
     if dst.is_file():
         dst.unlink()
         removed.append(dst)
