@@ -46,8 +46,8 @@ def cmd_doctor(a: argparse.Namespace) -> int:
         print(f.line())
     if can_take_part(findings):
         warns = sum(f.level == "warn" for f in findings)
-        print(f"host can take part ({warns} warnings)")
+        print(f"host can take part ({warns} warning{'' if warns == 1 else 's'})")
         return 0
     fails = sum(f.level == "fail" for f in findings)
-    print(f"host cannot take part ({fails} failures)")
+    print(f"host cannot take part ({fails} failure{'' if fails == 1 else 's'})")
     return EXIT_CANNOT
