@@ -182,3 +182,12 @@ def test_confinement_reads_the_profiles(tmp_path: Path) -> None:
     assert gather.confinement(conf, emu, root) == (True, True)
     conf.write_text('security_driver = "none"\n')
     assert gather.confinement(conf, emu, root) == (False, None)
+
+
+def test_gate_returns_only_what_keeps_a_host_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    from livemig.doctor import gate
+
+    monkeypatch.setattr(gate, "gather", lambda _u, _e, _t: replace(GOOD, free_memory=1 << 20))
+    assert [(f.level, f.what) for f in gate.blocking("qemu:///system")] == [(FAIL, "memory")]
+    monkeypatch.setattr(gate, "gather", lambda _u, _e, _t: replace(GOOD, qemu=STOCK))
+    assert gate.blocking("qemu:///system") == []  # a stock QEMU only warns
