@@ -12,7 +12,8 @@ PYTEST_ARGS ?=
 DEMO_ARGS ?= --memory 1G --workload mem:size=384M,rate=96M,hot=90/10 --bandwidth 128M \
              --max-time 240 --report reports/demo.json
 
-.PHONY: help setup deps venv qemu qemu-upstream guest rootfs demo test test-long lint unit qtest clean
+.PHONY: help setup deps venv qemu qemu-upstream guest rootfs demo test test-long lint unit qtest clean \
+        install-qemu
 
 help:
 	@echo "make demo    migrate a busy VM with live progress, verify it, write reports/demo.json"
@@ -22,6 +23,8 @@ help:
 	@echo "             before an issue is called resolved"
 	@echo "make setup   install packages, build QEMU and the guest image, put livemig on PATH"
 	@echo "make qtest   QEMU's own migration qtests (quick set) against build/qemu"
+	@echo "make install-qemu  the built QEMU under /opt/livemig/qemu for libvirt domains (no -L;"
+	@echo "             INSTALL_ARGS=\"--prefix DIR\" or \"--uninstall\"; docs/install.md)"
 
 deps:
 	@bash .ci/deps.sh
@@ -40,6 +43,12 @@ qemu:
 
 qemu-upstream:
 	@bash qemu/build.sh --unpatched
+
+# the built QEMU where a libvirt domain names it as <emulator> with no -L
+# (docs/install.md); e.g. INSTALL_ARGS="--prefix /opt/livemig/qemu" or "--uninstall"
+INSTALL_ARGS ?=
+install-qemu: venv
+	$(BIN)/livemig install-qemu $(INSTALL_ARGS)
 
 guest:
 	@bash guest/build.sh

@@ -200,6 +200,12 @@ def _build_parser() -> argparse.ArgumentParser:
     from livemig.soak.cli import register as register_soak
 
     register_soak(sub)
+    from livemig.install.cli import register as register_install
+
+    register_install(sub)
+    from livemig.doctor.cli import register as register_doctor
+
+    register_doctor(sub)
     return p
 
 

@@ -198,3 +198,44 @@ def test_progress_from_job_stats_shares_the_link_by_what_is_left() -> None:
     assert run.progress({}) == 0.0
     assert run.progress({"total": 100, "remaining": 25}) == 0.75
     assert run.progress({"total": 100, "remaining": 500}) == 0.0
+
+
+class _Dom:
+    def __init__(self, emulator: str) -> None:
+        self._xml = f"<domain><devices><emulator>{emulator}</emulator></devices></domain>"
+
+    def XMLDesc(self, _flags: int) -> str:
+        return self._xml
+
+
+class _Src:
+    def __init__(self, doms: dict[str, str]) -> None:
+        self.doms = doms
+
+    def lookupByName(self, name: str) -> _Dom:
+        return _Dom(self.doms[name])
+
+
+def test_doctor_gate_checks_each_destination_with_the_domains_emulators(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from livemig.doctor import gate
+    from livemig.doctor.checks import Finding
+    from livemig.errors import SetupError
+    from livemig.evacuate.cli import doctor_gate
+
+    asked: list[tuple[str, str | None, bool]] = []
+
+    def fake(uri: str, emu: object = None, tls_required: bool = True) -> list[Finding]:
+        asked.append((uri, str(emu) if emu else None, tls_required))
+        return [Finding("fail", "emulator", "/opt/q: no such binary")] \
+            if uri.endswith("c/system") else []
+
+    monkeypatch.setattr(gate, "blocking", fake)
+    src = _Src({"a": "/opt/q", "b": "/opt/q", "c": "/usr/bin/qemu-system-x86_64"})
+    doctor_gate(src, ["a", "b"], "qemu+tls://a/system", ["qemu+tls://b/system"])
+    assert asked == [("qemu+tls://b/system", "/opt/q", True)]  # one emulator, TLS between hosts
+    asked.clear()
+    with pytest.raises(SetupError, match=r"qemu\+tls://c/system cannot take part: emulator"):
+        doctor_gate(src, ["a", "c"], "qemu+tls://a/system",
+                    ["qemu+tls://b/system", "qemu+tls://c/system"])
+    assert len(asked) == 3  # b with both emulators, then c's first fails

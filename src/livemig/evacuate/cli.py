@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from livemig.errors import UsageError
+from livemig.errors import SetupError, UsageError
 from livemig.settings import PROFILES, parse_sets
 from livemig.units import parse_link_rate
 
@@ -65,6 +65,9 @@ def register(sub: Any) -> None:
     e.add_argument("--unsafe", action="store_true",
                    help="passed to every migration: storage libvirt cannot tell is shared "
                         "(the testbed's shared directory)")
+    e.add_argument("--no-doctor", action="store_true",
+                   help="skip livemig doctor's check of each destination (with the "
+                        "domains' emulators) before anything moves")
     e.add_argument("-q", "--quiet", action="store_true", help="no live view")
     e.set_defaults(func=cmd_evacuate)
 
@@ -134,6 +137,8 @@ def cmd_evacuate(a: argparse.Namespace) -> int:
     if not names:
         print("livemig: nothing to evacuate: no running domain selected on the source")
         return 0
+    if not a.no_doctor:
+        doctor_gate(src, names, a.connect, dsts)
     free: dict[str, int] = {}
     for u in dsts:
         c = open_uri(u, "destination")
@@ -175,6 +180,25 @@ def cmd_evacuate(a: argparse.Namespace) -> int:
     if rep["outcome"] == "emptied":
         return 0
     return EXIT_CANCELLED if evac.cancelled else 1
+
+
+def doctor_gate(src: Any, names: list[str], src_uri: str, dsts: list[str]) -> None:
+    """``livemig doctor`` on every destination with each emulator the domains name
+    (a destination must have it): the first finding that keeps one out is a one-line
+    error before anything is measured or moved (docs/install.md)."""
+    from livemig.doctor.gate import blocking
+    from livemig.tls.creds import libvirt_one_host
+    from livemig.virt.facts import emulator
+
+    named = sorted({e for n in names if (e := emulator(src.lookupByName(n).XMLDesc(0)))})
+    emulators: list[str | None] = [*named] or [None]
+    for u in dsts:
+        for e in emulators:
+            fails = blocking(u, Path(e) if e else None,
+                             tls_required=not libvirt_one_host(src_uri, u))
+            if fails:
+                raise SetupError(f"{u} cannot take part: {fails[0].what}: {fails[0].detail} "
+                                 f"(livemig doctor {u}; or --no-doctor)")
 
 
 def _host(uri: str) -> str:
