@@ -155,7 +155,9 @@ def cmd_evacuate(a: argparse.Namespace) -> int:
     if a.dry_run:
         return 0
     out = a.report or Path(f"evacuation-{time.strftime('%Y%m%d-%H%M%S')}")
-    vms = [run.Vm(f, where[f.name]) for f in sorted(
+    out.mkdir(parents=True, exist_ok=True)
+    samples = {m.facts.name: fleet.write_sample(out, m) for m in measured}
+    vms = [run.Vm(f, where[f.name], sample_file=samples.get(f.name)) for f in sorted(
         facts, key=lambda f: plan.order().index(f.name))]
     opts = run.Options(src_uri=a.connect, profile=a.profile, out=out, links=links,
                        max_parallel=a.max_parallel, max_time=a.max_time, sets=list(a.set),
