@@ -4,6 +4,7 @@ migration), and takes a VM off its link as soon as its stream ends. No VM."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import subprocess
 import time
@@ -171,3 +172,25 @@ def test_the_child_gets_the_sample_and_its_expected_rate(
     assert given.ENV not in seen["env"]
     assert v.proc is not None
     v.proc.wait()
+
+
+def test_phases_split_a_vm_into_its_parts(tmp_path: Path) -> None:
+    from livemig.evacuate import phases
+
+    t0 = 1_800_000_000.0
+    child = tmp_path / "a.json"
+    born = datetime.datetime.fromtimestamp(t0 + 1.5, datetime.UTC).isoformat()
+    child.write_text(json.dumps({
+        "started_at": born, "events": [{"t": 0.4, "event": "migration started"}],
+        "qemu_final_stats": {"time_elapsed": 6000}, "total_time_s": 8.0,
+        "encoding": {"sampler": {"name": "qemu", "wall_s": 1.2, "given": "x"}},
+        "ram_transferred_bytes": 40_000_000}))
+    (tmp_path / "evacuation.json").write_text(json.dumps({
+        "started_at": t0, "vms": [{"name": "a", "outcome": "done", "end_s": 10.5,
+                                   "tries": [{"t": 0.1, "report": str(child),
+                                              "bandwidth": 1e6}]}]}))
+    (v,) = phases.of_run(tmp_path)
+    assert (round(v.up, 3), v.prepare, v.sample, v.qemu, v.finish) == (1.4, 0.4, 0.0, 6.0, 2.0)
+    assert round(v.after, 3) == 0.6  # 10.5 - (1.5 + 0.4 + 8.0)
+    assert phases.main([str(tmp_path)]) == 0
+    assert phases.main([str(tmp_path / "nothing")]) == 2

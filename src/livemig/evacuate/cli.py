@@ -201,12 +201,17 @@ def _plan_text(plan: Any, facts: list[Any], where: dict[str, str], nowhere: list
                 else "busy" if f.dirty_rate > 0.1 * link else "light")
         lines.append(f"  {k:>2} {p.name:<14} {_host(where[p.name]):<12} "
                      f"{f.ram >> 20:>5}Mi {f.dirty_rate / 2**20:>6.1f}Mi/s {f.ratio:>5.2f} "
-                     f"{p.start:>6.1f} {p.end:>6.1f} {p.bandwidths[0] / 2**20:>9.0f}  {kind}"
+                     f"{p.start:>6.1f} {p.end:>6.1f} {_cap(p.bandwidths[0], link):>9}  {kind}"
                      + (f" ({how[p.name].note})" if how[p.name].note else ""))
     for n in nowhere:
         lines.append(f"   - {n:<14} stays: no destination has the memory")
     lines.append(f"expected time to empty the host: {plan.total_s:.1f} s")
     return "\n".join(lines)
+
+
+def _cap(cap: float, link: float) -> str:
+    """The plan's cap column: none when it is not below the link (TCP shares it)."""
+    return "none" if cap >= link else f"{cap / 2**20:.0f}"
 
 
 def _summary(rep: dict[str, Any]) -> str:

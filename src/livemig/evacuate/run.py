@@ -100,6 +100,7 @@ class Evacuation:
         self.view = view
         self.cancelled = ""
         self.t0 = time.monotonic()
+        self.started_at = time.time()  # the drain's first start, seconds since the epoch
         self.events: list[dict[str, Any]] = []
 
     def t(self) -> float:
@@ -119,6 +120,7 @@ class Evacuation:
 
     def run(self) -> None:
         self.t0 = time.monotonic()  # --max-time counts the drain, from its first start
+        self.started_at = time.time()
         self.o.out.mkdir(parents=True, exist_ok=True)
         cancel_at = None
         while True:
