@@ -59,8 +59,8 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
         v = [x for x in xs if x is not None]
         return f"{statistics.median(v):.1f}" if v else "-"
     lines = ["| scheduler | runs | time to empty s (median) | all | RAM sent MiB | "
-             "longest pause ms | planned s | verified | emptied |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "longest pause ms | planned s | measured before, s | verified | emptied |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, reps in runs.items():
         t = [r["time_to_empty_s"] for r in reps]
         lines.append(
@@ -69,6 +69,7 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
             f"{med([r['bytes'] / 2**20 for r in reps])} | "
             f"{med([r['longest_pause_ms'] for r in reps])} | "
             f"{med([r['expected_s'] for r in reps])} | "
+            f"{med([r.get('measure_s') for r in reps])} | "
             f"{', '.join(str(r['verified']) + '/' + str(len(r['vms'])) for r in reps)} | "
             f"{sum(1 for r in reps if r['outcome'] == 'emptied')}/{len(reps)} |")
     return "\n".join(lines)
