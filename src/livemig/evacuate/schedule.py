@@ -44,12 +44,13 @@ HEADROOM = 1.25
 # every migration gets at least this share of its link: a VM that dirties nothing
 # still has its first pass to send, and a cap near 0 would stall it
 MIN_SHARE = 0.05
-# seconds a migration costs beyond moving bytes: the child livemig's start and page
-# sample (~1 s), libvirt's prepare on the destination (a QEMU started under TCG: ~5 s
-# from "migration started" to the first RAM round with 3 at once on this 2-core
-# testbed), the switchover, confirm and the RAM check (~1.5 s): 8 s measured per
-# 128 MiB domain (tests/testbed/test_evacuate_vm.py). It is what running light VMs
-# in parallel saves.
+# seconds a migration costs beyond moving bytes: the child livemig's start (1.8 s
+# median with 5 at once on this 2-core testbed; its page sample is the
+# evacuation's, reused), libvirt's prepare on the destination (a QEMU started under
+# TCG), the switchover, libvirt's finish and confirm with the RAM check (2.3-2.8 s
+# median): 8 s measured per 128 MiB domain (tests/testbed/test_evacuate_vm.py,
+# docs/results/evacuate-2026-11-25.md). It is what running light VMs in parallel
+# saves.
 OVERHEAD_S = 8.0
 # bandwidth changes smaller than this share are not sent (libvirt's cap is whole
 # MiB/s and each change is a call to the source daemon)
