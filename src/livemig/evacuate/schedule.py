@@ -20,7 +20,8 @@ operator says they have their own):
   (shortest first: VMs leave the host soonest, the count of VMs left drops fastest);
 - queued VMs start in that order on each link, without overtaking (no starvation),
   while the reserves of the running ones plus its own fit in the link and fewer than
-  ``max_parallel`` migrations run; the links take turns, least busy first;
+  ``max_parallel`` migrations start or send (one that has sent everything is only
+  finishing and counts for neither); the links take turns, least busy first;
 - caps are upper limits, under which TCP shares the link evenly (:func:`effective`:
   each stream gets the lesser of its cap and the even level of what is left). A cap
   below the link is set only where that even split would starve a VM of its reserve
@@ -52,6 +53,12 @@ MIN_SHARE = 0.05
 # docs/results/evacuate-2026-11-25.md). It is what running light VMs in parallel
 # saves.
 OVERHEAD_S = 8.0
+# the part of it before the stream starts (child start, prepare, libvirt's setup);
+# the rest comes after the last byte (switchover, finish, confirm, check). Medians
+# per VM of the 11-24 and 11-25 benchmarks: 2.0-2.5 s before, 2.4-2.9 s after
+# (docs/results/evacuate-2026-11-25.md): about 45 % before. Neither part uses the
+# link, which the plan's model (simulate) counts: the others' streams have it then.
+PRE_SHARE = 0.45
 # bandwidth changes smaller than this share are not sent (libvirt's cap is whole
 # MiB/s and each change is a call to the source daemon)
 CHANGE = 0.10
@@ -145,8 +152,9 @@ def order_key(f: VmFacts, link: float) -> tuple[bool, float, float, str]:
 def decide(s: Snapshot) -> list[Action]:
     """What to start and which caps to change now."""
     running = [v for v in s.vms if v.status == MIGRATING]
-    # a migration whose stream has ended is only finishing: off its link, but it
-    # still counts against max_parallel (its child and destination QEMU still work)
+    # a migration whose stream has ended is only finishing (the destination runs the
+    # guest; libvirt's confirm, the check and the report are left): off its link and
+    # out of max_parallel, so the next one's start overlaps that finish
     mine = {ln: [v for v in running if v.facts.link == ln and v.sending] for ln in s.links}
     queues = {ln: sorted((v for v in s.vms if v.status == QUEUED and v.facts.link == ln),
                          key=lambda v: order_key(v.facts, s.links[v.facts.link]))
@@ -154,7 +162,7 @@ def decide(s: Snapshot) -> list[Action]:
     starting: dict[str, list[VmState]] = {ln: [] for ln in s.links}
     used = {ln: sum(reserve(v.facts, s.links[ln]) for v in mine[ln]) for ln in s.links}
     blocked = {ln for ln in s.links if any(heavy(v.facts, s.links[ln]) for v in mine[ln])}
-    active = len(running)
+    active = sum(1 for v in running if v.sending)
     # the links take turns (the least busy link's head first, then the best head), so
     # that one link's queue does not fill max_parallel while another link idles
     while active < s.max_parallel:
@@ -280,6 +288,7 @@ class Planned:
     work_lost: float
     wave: int  # how many ran at its start (itself included)
     bandwidths: list[float] = field(default_factory=list)
+    stream: tuple[float, float] = (0.0, 0.0)  # its stream's start and end (uses the link)
 
 
 @dataclass
@@ -301,24 +310,39 @@ class Plan:
         pa, pb = self.by_name(a), self.by_name(b)
         return pa.start < pb.end - 1e-9 and pb.start < pa.end - 1e-9
 
+    def share_link(self, a: str, b: str) -> bool:
+        """Their streams overlap (the overheads around a stream use no link)."""
+        (sa, ea), (sb, eb) = self.by_name(a).stream, self.by_name(b).stream
+        return sa < eb - 1e-9 and sb < ea - 1e-9
+
     def by_name(self, name: str) -> Planned:
         return next(p for p in self.vms if p.name == name)
 
     def max_parallel(self) -> int:
+        """Most migrations under way at once, finishing ones included."""
         return max((sum(1 for q in self.vms if q.start <= p.start < q.end)
+                    for p in self.vms), default=0)
+
+    def max_active(self) -> int:
+        """Most migrations starting or sending at once (what ``max_parallel`` caps)."""
+        return max((sum(1 for q in self.vms if q.start <= p.start < q.stream[1])
                     for p in self.vms), default=0)
 
 
 def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 3,
              policy: Callable[[Snapshot], list[Action]] | None = None) -> Plan:
-    """Run ``decide`` (or ``policy(snapshot)``) against the model: each migration
-    progresses at 1 ÷ its modelled time at the rate it gets under its cap beside the
-    others on its link (:func:`effective`); caps and rates change at events."""
+    """Run ``decide`` (or ``policy(snapshot)``) against the model. A migration is
+    ``PRE_SHARE`` of ``OVERHEAD_S`` without the link, then its stream (the encoding
+    model's time at the rate it gets under its cap beside the other streams on its
+    link, :func:`effective`; caps and rates change at events), then the rest of the
+    overhead, again without the link (the scheduler sees that part as not sending)."""
     choose = policy or decide
     states = {f.name: VmState(f) for f in fleet}
+    phase: dict[str, str] = {}  # pre | send | post
+    wait: dict[str, float] = {}  # seconds left in pre / post
     planned: dict[str, Planned] = {}
     t = 0.0
-    for _ in range(10 * len(fleet) + 10):
+    for _ in range(20 * len(fleet) + 20):
         acts = choose(Snapshot(t, tuple(states.values()), links, max_parallel))
         for a in acts:
             v = states[a.name]
@@ -326,6 +350,7 @@ def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 
             if isinstance(a, Start):
                 n = sum(1 for x in states.values() if x.status == MIGRATING)
                 planned[a.name] = Planned(a.name, t, t, 0.0, n)
+                phase[a.name], wait[a.name] = "pre", PRE_SHARE * OVERHEAD_S
             planned[a.name].bandwidths.append(a.bandwidth)
         running = [v for v in states.values() if v.status == MIGRATING]
         if not running:
@@ -333,38 +358,44 @@ def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 
         rate: dict[str, float] = {}
         for ln, link in links.items():
             rate.update(effective(link, {v.facts.name: v.bandwidth or 1.0 for v in running
-                                         if v.facts.link == ln}))
-        left = {v.facts.name: (1.0 - v.progress) * seconds(v.facts, rate[v.facts.name])
-                for v in running}
+                                         if v.facts.link == ln
+                                         and phase[v.facts.name] == "send"}))
+        stream = {n: _estimate(states[n].facts, r).seconds for n, r in rate.items()}
+        left = {v.facts.name: (1.0 - v.progress) * stream[v.facts.name]
+                if phase[v.facts.name] == "send" else wait[v.facts.name] for v in running}
         dt = min(left.values())
         t += dt
         for v in running:
             name = v.facts.name
-            total = seconds(v.facts, rate[name])
-            planned[name].work_lost += dt / total * work_lost(v.facts, rate[name])
-            if left[name] <= dt + 1e-9:
-                states[name] = replace(v, status=DONE, progress=1.0)
-                planned[name].end = t
+            done = left[name] <= dt + 1e-9
+            if phase[name] == "send":
+                frac = 1.0 - v.progress if done else dt / stream[name]
+                planned[name].work_lost += frac * work_lost(v.facts, rate[name])
+                if done:
+                    planned[name].stream = (planned[name].stream[0], t)
+                    phase[name], wait[name] = "post", (1.0 - PRE_SHARE) * OVERHEAD_S
+                    states[name] = replace(v, progress=1.0, sending=False)
+                else:
+                    states[name] = replace(v, progress=v.progress + frac)
+            elif not done:
+                wait[name] -= dt
+            elif phase[name] == "pre":
+                phase[name] = "send"
+                planned[name].stream = (t, t)
             else:
-                states[name] = replace(v, progress=v.progress + dt / total)
+                states[name] = replace(v, status=DONE, progress=1.0, sending=False)
+                planned[name].end = t
     return Plan(sorted(planned.values(), key=lambda p: (p.start, p.name)))
 
 
 def fixed(concurrency: int) -> Callable[[Snapshot], list[Action]]:
     """A fixed-concurrency baseline (Nova: 1, KubeVirt: 2 per node): the queue in the
-    given order, ``concurrency`` at a time, TCP's even split of the link."""
+    given order, ``concurrency`` at a time, no caps (TCP's even split of the link:
+    :func:`effective` in the model)."""
     def policy(s: Snapshot) -> list[Action]:
         running = [v for v in s.vms if v.status == MIGRATING]
         queued = [v for v in s.vms if v.status == QUEUED]
         starting = queued[:max(0, concurrency - len(running))]
-        out: list[Action] = []
-        for link_name, link in s.links.items():
-            mine = [v for v in running + starting if v.facts.link == link_name]
-            for v in mine:
-                bw = link / len(mine)
-                if v in starting:
-                    out.append(Start(v.facts.name, bw, f"fixed concurrency {concurrency}"))
-                elif v.bandwidth != bw:
-                    out.append(SetBandwidth(v.facts.name, bw, "even split"))
-        return out
+        return [Start(v.facts.name, s.links[v.facts.link], f"fixed concurrency {concurrency}")
+                for v in starting]
     return policy
