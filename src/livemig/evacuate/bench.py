@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -45,9 +46,16 @@ def one(out: Path, name: str, scheduler: str, profile: str, qemu: Path,
         cmd = [sys.executable, "-m", "livemig.cli", "evacuate", "--connect", libvirtd.uri("src"),
                "--to", f"{libvirtd.uri('dst')},{libvirtd.uri('dst2')}", "--unsafe", "-q",
                "--scheduler", scheduler, "--profile", profile, "--report", str(out)]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-        (out / "stdout.txt").write_text(p.stdout + p.stderr)
-        rep: dict[str, Any] = json.loads((out / "evacuation.json").read_text())
+        # a crash in C (libvirt, a segfault) still leaves a Python stack in stdout.txt
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+        (out / "stdout.txt").write_text(p.stdout + p.stderr + f"\nexit {p.returncode}\n")
+        try:
+            rep: dict[str, Any] = json.loads((out / "evacuation.json").read_text())
+        except (OSError, ValueError):  # it died before its report: a failed run, noted
+            rep = {"outcome": f"no report (exit {p.returncode})", "time_to_empty_s": None,
+                   "bytes": 0, "longest_pause_ms": None, "expected_s": None,
+                   "verified": 0, "vms": []}
         rep["exit"] = p.returncode
         return rep
     finally:

@@ -99,7 +99,9 @@ def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream,
                  tls: bool = False) -> Adapted:
     """The second plan for ``dom`` (sync: libvirt runs are)."""
     hints = host_hints(conn, dom, tls)
-    reuse = given_sample(str(dom.name()), events)
+    auto = (plan.livemig_setting("encoding") == "auto"
+            and plan.livemig_setting("sampler") == "auto")
+    reuse = given_sample(str(dom.name()), events) if auto else None  # else unused
     if reuse is not None:
         hints = dataclasses.replace(hints, given=reuse)
     return asyncio.run(adapt(DomainEnd(dom), plan, hints, events))
