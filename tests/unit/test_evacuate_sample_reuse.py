@@ -194,3 +194,19 @@ def test_phases_split_a_vm_into_its_parts(tmp_path: Path) -> None:
     assert round(v.after, 3) == 0.6  # 10.5 - (1.5 + 0.4 + 8.0)
     assert phases.main([str(tmp_path)]) == 0
     assert phases.main([str(tmp_path / "nothing")]) == 2
+
+
+def test_bench_configurations_and_a_run_without_a_report() -> None:
+    from livemig.evacuate import bench
+
+    assert [c[0] for c in bench.configs(5)] == ["fixed:1", "fixed:2", "fixed:5", "livemig"]
+    picked = bench.configs(5, ["livemig-upstream", "fixed:5"])
+    assert [(c[0], c[1], c[2]) for c in picked] == [
+        ("fixed:5", "fixed:5", "upstream"), ("livemig-upstream", "livemig", "upstream")]
+    ok = {"time_to_empty_s": 12.0, "bytes": 130 * M, "longest_pause_ms": 900,
+          "expected_s": 14.0, "measure_s": 6.0, "verified": 5, "vms": [{}] * 5,
+          "outcome": "emptied"}
+    dead = {"outcome": "no report (exit -11)", "time_to_empty_s": None, "bytes": 0,
+            "longest_pause_ms": None, "expected_s": None, "verified": 0, "vms": []}
+    md = bench.table({"livemig": [ok, dead]})
+    assert "| livemig | 2 | 12.0 | 12.0, - |" in md and "| 1/2 |" in md
