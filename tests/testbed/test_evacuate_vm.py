@@ -142,6 +142,9 @@ def test_fleet_empties_onto_two_destinations_verified(fleet: list[str],
     for n in fleet:
         r = json.loads((tmp_path / "ev" / f"{n}.json").read_text())
         assert r["outcome"] == "completed" and r["consistency"]["ram"] == "ok"
+        # the child used the evacuation's page sample instead of sampling again
+        assert any(e["event"] == "page sample reused" for e in r["events"]), n
+        assert r["encoding"]["sampler"]["given"].endswith(f"{n}.sample.json")
 
 
 def test_bad_input_is_one_line_exit_2(hosts: dict[str, str], tmp_path: Path) -> None:

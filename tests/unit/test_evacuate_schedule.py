@@ -8,17 +8,20 @@ from dataclasses import replace
 from livemig.evacuate.schedule import (
     MIGRATING,
     MIN_SHARE,
+    Action,
     SetBandwidth,
     Snapshot,
     Start,
     VmFacts,
     VmState,
     decide,
+    effective,
     fixed,
     heavy,
     reserve,
     seconds,
     simulate,
+    split,
     work_lost,
 )
 
@@ -45,7 +48,9 @@ def test_two_busy_vms_never_share_the_link_when_together_they_would_not_converge
     a, b = busy("a", 36 * M), busy("b", 36 * M)
     assert not heavy(a, LINK) and reserve(a, LINK) + reserve(b, LINK) > LINK
     plan = simulate([a, b], LINKS, max_parallel=4)
-    assert not plan.overlap("a", "b")
+    assert not plan.share_link("a", "b")
+    # the second one's start overlaps the first one's finish (no link used there)
+    assert plan.overlap("a", "b")
     assert plan.work_lost == 0.0
     # and the model says why: at half the link each needs a throttle (guest harm)
     assert work_lost(a, LINK / 2) > 0.0 and work_lost(a, LINK) == 0.0
@@ -57,7 +62,7 @@ def test_busy_vms_that_converge_together_do_share() -> None:
     a, b = busy("a", 10 * M), busy("b", 10 * M)
     assert reserve(a, LINK) + reserve(b, LINK) <= LINK
     plan = simulate([a, b], LINKS)
-    assert plan.overlap("a", "b")
+    assert plan.share_link("a", "b")
     assert plan.total_s < seconds(a, LINK) + seconds(b, LINK)
 
 
@@ -67,7 +72,7 @@ def test_idle_vms_go_first_and_in_parallel_up_to_max_parallel() -> None:
     order = plan.order()
     assert set(order[:3]) <= {"i0", "i1", "i2", "i3"}
     assert order[-1] == "h"
-    assert plan.max_parallel() == 3
+    assert plan.max_active() == 3
     assert plan.overlap("i0", "i1")
 
 
@@ -75,7 +80,7 @@ def test_a_heavy_vm_runs_alone_with_the_whole_link() -> None:
     fleet = [hog("h"), idle("i0"), idle("i1")]
     plan = simulate(fleet, LINKS, max_parallel=3)
     h = plan.by_name("h")
-    assert not plan.overlap("h", "i0") and not plan.overlap("h", "i1")
+    assert not plan.share_link("h", "i0") and not plan.share_link("h", "i1")
     assert h.bandwidths == [LINK]
 
 
@@ -105,27 +110,38 @@ def test_shares_never_exceed_the_link_and_every_runner_gets_its_reserve() -> Non
     fleet = [busy("b", 20 * M), *(idle(f"i{i}") for i in range(3))]
     acts = decide(Snapshot(0.0, tuple(VmState(f) for f in fleet), LINKS, max_parallel=4))
     assert {a.name for a in acts} == {"b", "i0", "i1", "i2"}
-    assert sum(a.bandwidth for a in acts) <= LINK * 1.0001
+    # what each gets under its cap beside the others (TCP shares what caps leave)
+    assert sum(a.expected for a in acts) <= LINK * 1.0001
+    gets = effective(LINK, {a.name: a.bandwidth for a in acts})
     for a in acts:
         f = next(f for f in fleet if f.name == a.name)
-        assert a.bandwidth >= reserve(f, LINK) >= MIN_SHARE * LINK
+        assert abs(gets[a.name] - a.expected) < 1.0
+        assert a.expected >= reserve(f, LINK) - 1.0 >= MIN_SHARE * LINK - 1.0
+    # the busy VM's reserve (50 MiB/s) is above TCP's even quarter: the idle ones are
+    # capped at the even level of the rest, the busy one is not capped at all
+    caps = {a.name: a.bandwidth for a in acts}
+    assert caps["b"] == LINK and all(caps[f"i{i}"] < LINK / 4 for i in range(3))
 
 
 def test_replan_a_vm_measured_busier_gets_more_of_the_link() -> None:
     b, i = busy("b", 5 * M), replace(idle("i"), nonzero=180 * M, ratio=1.0)
-    first = {a.name: a.bandwidth for a in decide(Snapshot(
-        0.0, (VmState(b), VmState(i)), LINKS))}
-    hotter = replace(b, dirty_rate=30 * M)
-    acts = decide(Snapshot(5.0, (VmState(hotter, MIGRATING, first["b"]),
-                                 VmState(i, MIGRATING, first["i"])), LINKS))
-    new = {a.name: a.bandwidth for a in acts if isinstance(a, SetBandwidth)}
-    assert new["b"] > first["b"] and new["b"] >= reserve(hotter, LINK)
-    assert new["i"] < first["i"]
+    first = {a.name: a for a in decide(Snapshot(0.0, (VmState(b), VmState(i)), LINKS))}
+    # both converge at TCP's even half: no cap below the link for either
+    assert first["b"].bandwidth == first["i"].bandwidth == LINK
+    hotter = replace(b, dirty_rate=30 * M)  # reserve 75 MiB/s: above its half
+    acts = decide(Snapshot(5.0, (VmState(hotter, MIGRATING, LINK),
+                                 VmState(i, MIGRATING, LINK)), LINKS))
+    new = {a.name: a for a in acts if isinstance(a, SetBandwidth)}
+    assert set(new) == {"i"}  # the other one is capped; the busy one needs no cap
+    gets = effective(LINK, {"b": LINK, "i": new["i"].bandwidth})
+    assert gets["b"] >= reserve(hotter, LINK) > first["b"].expected
+    assert gets["i"] < first["i"].expected
     # turned heavy mid-flight: it takes all but the other's reserve
-    acts = decide(Snapshot(6.0, (VmState(replace(b, dirty_rate=120 * M), MIGRATING, new["b"]),
-                                 VmState(i, MIGRATING, new["i"])), LINKS))
-    bw = {a.name: a.bandwidth for a in acts}
-    assert bw["b"] == LINK - reserve(i, LINK)
+    acts = decide(Snapshot(6.0, (VmState(replace(b, dirty_rate=120 * M), MIGRATING, LINK),
+                                 VmState(i, MIGRATING, new["i"].bandwidth)), LINKS))
+    caps = {"b": LINK, "i": new["i"].bandwidth, **{a.name: a.bandwidth for a in acts}}
+    assert caps["i"] == reserve(i, LINK)
+    assert effective(LINK, caps)["b"] == LINK - reserve(i, LINK)
 
 
 def test_separate_links_let_busy_vms_run_at_once() -> None:
@@ -150,7 +166,7 @@ def test_a_wrong_rule_fails_these_tests() -> None:
     pair, which the first test would catch."""
     a, b = busy("a", 36 * M), busy("b", 36 * M)
     plan = simulate([a, b], LINKS, policy=fixed(2))
-    assert plan.overlap("a", "b") and plan.work_lost > 0.0
+    assert plan.share_link("a", "b") and plan.work_lost > 0.0
 
 
 def test_links_take_turns_so_none_idles() -> None:
@@ -164,10 +180,77 @@ def test_links_take_turns_so_none_idles() -> None:
 
 
 def test_a_light_vm_with_much_to_send_is_not_starved_by_a_busy_reserve() -> None:
-    """Shares follow the remaining bytes, with each VM's reserve as a floor only."""
-    b = busy("b", 20 * M)  # reserve 50 MiB/s
+    """A busy VM's reserve is a floor for it, not a cap on the others' sum."""
+    b = busy("b", 30 * M)  # reserve 75 MiB/s
     big = replace(idle("i"), nonzero=400 * M, ratio=1.0)
-    acts = {a.name: a.bandwidth for a in decide(Snapshot(
-        0.0, (VmState(b), VmState(big)), LINKS))}
-    assert acts["b"] == reserve(b, LINK)
-    assert abs(acts["i"] - (LINK - reserve(b, LINK))) < 1.0
+    acts = {a.name: a for a in decide(Snapshot(0.0, (VmState(b), VmState(big)), LINKS))}
+    assert acts["b"].expected == reserve(b, LINK)
+    assert abs(acts["i"].expected - (LINK - reserve(b, LINK))) < 1.0
+
+
+def test_light_vms_run_uncapped_so_the_link_stays_full() -> None:
+    """Every reserve fits in TCP's even split: no cap below the link, whatever the
+    streams' sizes (a cap in proportion to the bytes left idles the link as soon as
+    one stream falls behind its share)."""
+    fleet = [idle("a"), replace(idle("b"), nonzero=200 * M), replace(idle("c"), ratio=4.0)]
+    acts = decide(Snapshot(0.0, tuple(VmState(f) for f in fleet), LINKS, max_parallel=4))
+    assert [a.bandwidth for a in acts] == [LINK] * 3
+    assert all(abs(a.expected - LINK / 3) < 1.0 for a in acts)
+
+
+def test_a_cpu_bound_stream_leaves_its_part_to_the_others() -> None:
+    """A stream that sends less than its share (TCG: its migration thread starved of
+    CPU): under no-cap-below-the-link the others take the rest at once; under the
+    old caps in proportion to the bytes left (negative control) the link idles."""
+    a, b = idle("a"), idle("b")
+    caps = split(LINK, [a, b])
+    slow = 0.2 * LINK  # what a's stream manages, whatever its cap
+    used = sum(effective(LINK, {"a": min(caps["a"], slow), "b": caps["b"]}).values())
+    assert abs(used - LINK) < 1.0
+    proportional = {"a": LINK / 2, "b": LINK / 2}  # equal bytes left: half each
+    used_old = sum(effective(LINK, {"a": min(proportional["a"], slow),
+                                    "b": proportional["b"]}).values())
+    assert used_old < 0.75 * LINK
+
+
+def test_a_stream_that_ended_leaves_the_link_at_once() -> None:
+    """A migration whose stream has ended (libvirt's job gone, the child finishing:
+    resume, confirm, check) is off its link: the busy VM's protection goes, the
+    others' caps go up at once, and nothing is set on the finishing one."""
+    b, i0, i1 = busy("b", 20 * M), idle("i0"), idle("i1")
+    acts = decide(Snapshot(0.0, (VmState(b), VmState(i0), VmState(i1)), LINKS))
+    caps = {a.name: a.bandwidth for a in acts}
+    assert caps["i0"] < LINK and caps["b"] == LINK
+    ended = VmState(b, MIGRATING, caps["b"], progress=1.0, sending=False)
+    acts = decide(Snapshot(3.0, (ended, VmState(i0, MIGRATING, caps["i0"]),
+                                 VmState(i1, MIGRATING, caps["i1"])), LINKS))
+    assert {a.name: a.bandwidth for a in acts} == {"i0": LINK, "i1": LINK}
+    # nor against max_parallel: the next one's start overlaps its finish
+    acts = decide(Snapshot(3.0, (ended, VmState(i0, MIGRATING, LINK), VmState(idle("q"))),
+                           LINKS, max_parallel=2))
+    assert [a.name for a in acts if isinstance(a, Start)] == ["q"]
+    acts = decide(Snapshot(3.0, (replace(ended, sending=True), VmState(i0, MIGRATING, LINK),
+                                 VmState(idle("q"))), LINKS, max_parallel=2))
+    assert not [a for a in acts if isinstance(a, Start)]
+
+
+def test_effective_rates_are_max_min_fair_under_the_caps() -> None:
+    assert effective(LINK, {}) == {}
+    assert effective(LINK, {"a": LINK}) == {"a": LINK}
+    got = effective(LINK, {"a": 10 * M, "b": LINK, "c": LINK})
+    assert got == {"a": 10 * M, "b": 45 * M, "c": 45 * M}
+    got = effective(LINK, {"a": 10 * M, "b": 20 * M})  # caps below the link: they bind
+    assert got == {"a": 10 * M, "b": 20 * M}
+
+
+def test_the_model_counts_the_link_a_small_vm_leaves_when_it_ends() -> None:
+    """Uncapped, a small VM beside a big one ends first and the big one then has the
+    whole link: in the model the pair ends sooner than with even caps held to the
+    end (what a cap fixed at the start does)."""
+    small, big = idle("s"), replace(idle("g"), nonzero=400 * M, ratio=1.0)
+    ours = simulate([small, big], LINKS)
+    assert ours.by_name("s").end < ours.by_name("g").end
+
+    def held(s: Snapshot) -> list[Action]:  # negative control: half each, never re-set
+        return [Start(v.facts.name, LINK / 2, "held") for v in s.vms if v.status == "queued"]
+    assert simulate([small, big], LINKS, policy=held).total_s > ours.total_s + 1.0

@@ -57,6 +57,7 @@ class Hints:
     scratch: Path | None = None  # where pmemsave may write (a private dir is made in it)
     peek: Read | None = None  # a reader of guest-physical memory (libvirt's memory peek)
     tls: bool | None = None  # the stream is encrypted (None: as the plan says)
+    given: Sampler | None = None  # a sample taken before (livemig evacuate's): sampler=auto
 
 
 @dataclass(frozen=True)
@@ -137,12 +138,15 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
 
 def sampler_for(src: QmpEnd, mode: str, commands: set[str],
                 hints: Hints) -> tuple[Sampler, Any]:
-    """The sampler for ``mode`` (``auto``: the patched QEMU's own, else ``pmemsave``
-    for a QEMU on this host, else HMP ``xp``) and a function that cleans up after it."""
+    """The sampler for ``mode`` (``auto``: a sample the caller was given, else the
+    patched QEMU's own, else ``pmemsave`` for a QEMU on this host, else HMP ``xp``) and
+    a function that cleans up after it."""
     if mode == "file":
         if hints.file_sampler is None:
             raise UsageError("--set sampler=file needs a guest RAM file (lab runs only)")
         return hints.file_sampler, lambda: None
+    if mode == "auto" and hints.given is not None:
+        return hints.given, lambda: None
     if mode in ("auto", "qemu") and QEMU_SAMPLE in commands:
         return QemuSampler(src.cmd), lambda: None
     if mode == "qemu":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -30,10 +31,17 @@ MEMORY_MIB = 128
 BOOT_S = 8.0  # booted and the writers running
 
 
-def configs(count: int) -> list[tuple[str, str, str, Path]]:
+def configs(count: int, only: list[str] | None = None) -> list[tuple[str, str, str, Path]]:
+    """The issue's four configurations; with ``only``, those named, which may also be
+    the ablation ``livemig-upstream``: livemig's scheduler with the stock profile on
+    the stock QEMU (what the scheduler alone does against ``fixed:N``)."""
     stock = paths.build_dir() / "qemu-upstream" / "qemu-system-x86_64"
-    return [(f"fixed:{n}", f"fixed:{n}", "upstream", stock) for n in (1, 2, count)] + [
+    main = [(f"fixed:{n}", f"fixed:{n}", "upstream", stock) for n in (1, 2, count)] + [
         ("livemig", "livemig", "livemig", paths.default_qemu())]
+    if only is None:
+        return main
+    extra = [("livemig-upstream", "livemig", "upstream", stock)]
+    return [c for c in main + extra if c[0] in only]
 
 
 def one(out: Path, name: str, scheduler: str, profile: str, qemu: Path,
@@ -45,9 +53,16 @@ def one(out: Path, name: str, scheduler: str, profile: str, qemu: Path,
         cmd = [sys.executable, "-m", "livemig.cli", "evacuate", "--connect", libvirtd.uri("src"),
                "--to", f"{libvirtd.uri('dst')},{libvirtd.uri('dst2')}", "--unsafe", "-q",
                "--scheduler", scheduler, "--profile", profile, "--report", str(out)]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-        (out / "stdout.txt").write_text(p.stdout + p.stderr)
-        rep: dict[str, Any] = json.loads((out / "evacuation.json").read_text())
+        # a crash in C (libvirt, a segfault) still leaves a Python stack in stdout.txt
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+        (out / "stdout.txt").write_text(p.stdout + p.stderr + f"\nexit {p.returncode}\n")
+        try:
+            rep: dict[str, Any] = json.loads((out / "evacuation.json").read_text())
+        except (OSError, ValueError):  # it died before its report: a failed run, noted
+            rep = {"outcome": f"no report (exit {p.returncode})", "time_to_empty_s": None,
+                   "bytes": 0, "longest_pause_ms": None, "expected_s": None,
+                   "verified": 0, "vms": []}
         rep["exit"] = p.returncode
         return rep
     finally:
@@ -59,8 +74,8 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
         v = [x for x in xs if x is not None]
         return f"{statistics.median(v):.1f}" if v else "-"
     lines = ["| scheduler | runs | time to empty s (median) | all | RAM sent MiB | "
-             "longest pause ms | planned s | verified | emptied |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "longest pause ms | planned s | measured before, s | verified | emptied |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, reps in runs.items():
         t = [r["time_to_empty_s"] for r in reps]
         lines.append(
@@ -69,6 +84,7 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
             f"{med([r['bytes'] / 2**20 for r in reps])} | "
             f"{med([r['longest_pause_ms'] for r in reps])} | "
             f"{med([r['expected_s'] for r in reps])} | "
+            f"{med([r.get('measure_s') for r in reps])} | "
             f"{', '.join(str(r['verified']) + '/' + str(len(r['vms'])) for r in reps)} | "
             f"{sum(1 for r in reps if r['outcome'] == 'emptied')}/{len(reps)} |")
     return "\n".join(lines)
@@ -97,9 +113,8 @@ def main() -> int:
         libvirtd.up()
         try:
             for r in range(a.repeats):
-                for name, sched, profile, qemu in configs(a.count):
-                    if a.only and name not in a.only.split(","):
-                        continue
+                for name, sched, profile, qemu in configs(
+                        a.count, a.only.split(",") if a.only else None):
                     d = a.out / f"{name.replace(':', '-')}-{r}"
                     d.mkdir(parents=True, exist_ok=True)
                     rep = one(d, name, sched, profile, qemu, a.count)

@@ -149,7 +149,9 @@ def cmd_evacuate(a: argparse.Namespace) -> int:
     if not a.quiet:
         print(f"livemig: measuring {len(names)} domains (dirty rate, page sample)",
               file=sys.stderr, flush=True)
+    t_measure = time.monotonic()
     measured = fleet.measure(src, names, do_sample=not a.no_sample)
+    measure_s = time.monotonic() - t_measure
     where, nowhere = fleet.place([m.facts for m in measured], free, separate)
     facts = fleet.with_links([m.facts for m in measured], where, separate)
     links = {u: link for u in dsts} if separate else {schedule.SHARED_LINK: link}
@@ -160,7 +162,9 @@ def cmd_evacuate(a: argparse.Namespace) -> int:
     if a.dry_run:
         return 0
     out = a.report or Path(f"evacuation-{time.strftime('%Y%m%d-%H%M%S')}")
-    vms = [run.Vm(f, where[f.name]) for f in sorted(
+    out.mkdir(parents=True, exist_ok=True)
+    samples = {m.facts.name: fleet.write_sample(out, m) for m in measured}
+    vms = [run.Vm(f, where[f.name], sample_file=samples.get(f.name)) for f in sorted(
         facts, key=lambda f: plan.order().index(f.name))]
     opts = run.Options(src_uri=a.connect, profile=a.profile, out=out, links=links,
                        max_parallel=a.max_parallel, max_time=a.max_time, sets=list(a.set),
@@ -173,6 +177,7 @@ def cmd_evacuate(a: argparse.Namespace) -> int:
     evac.view.show(evac, force=True)
     rep = report.build(evac, plan, {m.facts.name: {"sampler": m.sampler, "note": m.note}
                                     for m in measured}, nowhere, time.monotonic() - t0)
+    rep["measure_s"] = round(measure_s, 3)  # before the drain: not in time_to_empty_s
     path = report.write(rep, out)
     chart = report.chart(rep, out)
     print(_summary(rep))
@@ -223,12 +228,17 @@ def _plan_text(plan: Any, facts: list[Any], where: dict[str, str], nowhere: list
                 else "busy" if f.dirty_rate > 0.1 * link else "light")
         lines.append(f"  {k:>2} {p.name:<14} {_host(where[p.name]):<12} "
                      f"{f.ram >> 20:>5}Mi {f.dirty_rate / 2**20:>6.1f}Mi/s {f.ratio:>5.2f} "
-                     f"{p.start:>6.1f} {p.end:>6.1f} {p.bandwidths[0] / 2**20:>9.0f}  {kind}"
+                     f"{p.start:>6.1f} {p.end:>6.1f} {_cap(p.bandwidths[0], link):>9}  {kind}"
                      + (f" ({how[p.name].note})" if how[p.name].note else ""))
     for n in nowhere:
         lines.append(f"   - {n:<14} stays: no destination has the memory")
     lines.append(f"expected time to empty the host: {plan.total_s:.1f} s")
     return "\n".join(lines)
+
+
+def _cap(cap: float, link: float) -> str:
+    """The plan's cap column: none when it is not below the link (TCP shares it)."""
+    return "none" if cap >= link else f"{cap / 2**20:.0f}"
 
 
 def _summary(rep: dict[str, Any]) -> str:

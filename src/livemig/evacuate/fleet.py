@@ -19,11 +19,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from livemig.errors import LivemigError, UsageError
 from livemig.evacuate.schedule import SHARED_LINK, VmFacts
 from livemig.policy.encoding import Sample
+from livemig.sampling import given
+from livemig.sampling.base import SampleResult
 
 DIRTY_CALC_S = 1  # seconds QEMU samples the dirty rate over (libvirt's unit: whole s)
 DIRTY_WAIT_S = 5.0  # at most this long past DIRTY_CALC_S for the results
@@ -39,6 +42,8 @@ class Measured:
     vcpus: int
     sampler: str | None  # which sampler, None: not sampled
     note: str = ""  # why not sampled, or what failed
+    sampled: SampleResult | None = None  # handed to the VM's migration (sampling.given)
+    sampled_at: float = 0.0  # when (seconds since the epoch)
 
 
 def select(names: list[str], only: list[str] | None, exclude: list[str]) -> list[str]:
@@ -86,18 +91,18 @@ def dirty_rates(conn: Any, doms: list[Any]) -> dict[str, float]:
     return out
 
 
-def sample(conn: Any, dom: Any) -> tuple[Sample | None, str]:
+def sample(conn: Any, dom: Any) -> tuple[SampleResult | None, str]:
     """A page sample of ``dom`` (None and why when none could be taken)."""
     from livemig.engine.adapt import sampler_for
     from livemig.virt.sampling import DomainEnd, host_hints
 
     end = DomainEnd(dom)
 
-    async def go() -> tuple[Sample, str]:
+    async def go() -> tuple[SampleResult, str]:
         cmds = {c["name"] for c in await end.cmd("query-commands")}
         sampler, close = sampler_for(end, "auto", cmds, host_hints(conn, dom))
         try:
-            return (await sampler.sample()).sample, sampler.name
+            return await sampler.sample(), sampler.name
         finally:
             close()
     try:
@@ -126,15 +131,27 @@ def measure(conn: Any, names: list[str], do_sample: bool = True) -> list[Measure
     chosen = [doms[n] for n in names]
     rates = dirty_rates(conn, chosen)
     out = []
-    for d in chosen:
+    for d in chosen:  # one after the other: ~1 s each (two looks 0.5 s apart)
         info = d.info()
         ram = int(info[1]) * 1024
         note = "" if d.name() in rates else "dirty rate not measured: assumed 0"
         s, how = sample(conn, d) if do_sample else (None, "not sampled (--no-sample)")
-        out.append(Measured(facts_from(d.name(), ram, rates.get(d.name(), 0.0), s),
+        out.append(Measured(facts_from(d.name(), ram, rates.get(d.name(), 0.0),
+                                       s.sample if s else None),
                             int(info[3]), how if s is not None else None,
-                            "; ".join(x for x in (note, "" if s else how) if x)))
+                            "; ".join(x for x in (note, "" if s else how) if x),
+                            s, time.time()))
     return out
+
+
+def write_sample(out: Path, m: Measured) -> Path | None:
+    """``out/NAME.sample.json``: the VM's page sample for its migration to reuse
+    (:mod:`livemig.sampling.given`); None when it was not sampled."""
+    if m.sampled is None:
+        return None
+    path = out / f"{m.facts.name}.sample.json"
+    given.dump(path, m.facts.name, m.sampled, m.sampled_at)
+    return path
 
 
 def place(fleet: list[VmFacts], free: dict[str, int], separate_links: bool

@@ -49,6 +49,7 @@ def build(evac: Any, plan: Plan, measured: dict[str, Any], nowhere: list[str],
         "time_to_empty_s": round(max(r["end_s"] for r in done), 3) if emptied and done
         else None,
         "wall_s": round(wall_s, 3),
+        "started_at": round(getattr(evac, "started_at", 0.0), 3) or None,
         "expected_s": round(plan.total_s, 3),
         "bytes": sum(r["ram_transferred_bytes"] for r in vms),
         "longest_pause_ms": max(pauses, default=None),

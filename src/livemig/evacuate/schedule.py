@@ -20,11 +20,16 @@ operator says they have their own):
   (shortest first: VMs leave the host soonest, the count of VMs left drops fastest);
 - queued VMs start in that order on each link, without overtaking (no starvation),
   while the reserves of the running ones plus its own fit in the link and fewer than
-  ``max_parallel`` migrations run; the links take turns, least busy first;
-- the running VMs share the link in proportion to their remaining wire bytes (so
-  that a wave ends together and the link stays full), none below its reserve;
-  a VM measured busier than planned gets its new reserve at once (re-plan), taken
-  from the others' spare.
+  ``max_parallel`` migrations start or send (one that has sent everything is only
+  finishing and counts for neither); the links take turns, least busy first;
+- caps are upper limits, under which TCP shares the link evenly (:func:`effective`:
+  each stream gets the lesser of its cap and the even level of what is left). A cap
+  below the link is set only where that even split would starve a VM of its reserve
+  (:func:`split`): a VM that converges at its even share runs uncapped, so a stream
+  that ends early or runs CPU-bound (TCG) leaves its part to the others at once
+  instead of idling behind a fixed share; a VM measured busier than planned gets its
+  new reserve at once (re-plan); a VM whose stream has ended (the migration only
+  finishing: resume, confirm, check) no longer counts on its link.
 """
 
 from __future__ import annotations
@@ -40,13 +45,20 @@ HEADROOM = 1.25
 # every migration gets at least this share of its link: a VM that dirties nothing
 # still has its first pass to send, and a cap near 0 would stall it
 MIN_SHARE = 0.05
-# seconds a migration costs beyond moving bytes: the child livemig's start and page
-# sample (~1 s), libvirt's prepare on the destination (a QEMU started under TCG: ~5 s
-# from "migration started" to the first RAM round with 3 at once on this 2-core
-# testbed), the switchover, confirm and the RAM check (~1.5 s): 8 s measured per
-# 128 MiB domain (tests/testbed/test_evacuate_vm.py). It is what running light VMs
-# in parallel saves.
+# seconds a migration costs beyond moving bytes: the child livemig's start (1.8 s
+# median with 5 at once on this 2-core testbed; its page sample is the
+# evacuation's, reused), libvirt's prepare on the destination (a QEMU started under
+# TCG), the switchover, libvirt's finish and confirm with the RAM check (2.3-2.8 s
+# median): 8 s measured per 128 MiB domain (tests/testbed/test_evacuate_vm.py,
+# docs/results/evacuate-2026-11-25.md). It is what running light VMs in parallel
+# saves.
 OVERHEAD_S = 8.0
+# the part of it before the stream starts (child start, prepare, libvirt's setup);
+# the rest comes after the last byte (switchover, finish, confirm, check). Medians
+# per VM of the 11-24 and 11-25 benchmarks: 2.0-2.5 s before, 2.4-2.9 s after
+# (docs/results/evacuate-2026-11-25.md): about 45 % before. Neither part uses the
+# link, which the plan's model (simulate) counts: the others' streams have it then.
+PRE_SHARE = 0.45
 # bandwidth changes smaller than this share are not sent (libvirt's cap is whole
 # MiB/s and each change is a call to the source daemon)
 CHANGE = 0.10
@@ -76,6 +88,7 @@ class VmState:
     status: str = QUEUED
     bandwidth: float | None = None  # the cap it runs with (migrating)
     progress: float = 0.0  # share of its migration done (0..1), for the simulation
+    sending: bool = True  # migrating and its stream not yet ended (it uses the link)
 
 
 @dataclass(frozen=True)
@@ -89,8 +102,9 @@ class Snapshot:
 @dataclass(frozen=True)
 class Action:
     name: str
-    bandwidth: float  # bytes/s
+    bandwidth: float  # bytes/s: the cap (the link's rate: no cap below it)
     reason: str
+    expected: float = 0.0  # bytes/s it should get beside the others (0: the cap)
 
 
 @dataclass(frozen=True)
@@ -138,14 +152,17 @@ def order_key(f: VmFacts, link: float) -> tuple[bool, float, float, str]:
 def decide(s: Snapshot) -> list[Action]:
     """What to start and which caps to change now."""
     running = [v for v in s.vms if v.status == MIGRATING]
-    mine = {ln: [v for v in running if v.facts.link == ln] for ln in s.links}
+    # a migration whose stream has ended is only finishing (the destination runs the
+    # guest; libvirt's confirm, the check and the report are left): off its link and
+    # out of max_parallel, so the next one's start overlaps that finish
+    mine = {ln: [v for v in running if v.facts.link == ln and v.sending] for ln in s.links}
     queues = {ln: sorted((v for v in s.vms if v.status == QUEUED and v.facts.link == ln),
                          key=lambda v: order_key(v.facts, s.links[v.facts.link]))
               for ln in s.links}
     starting: dict[str, list[VmState]] = {ln: [] for ln in s.links}
     used = {ln: sum(reserve(v.facts, s.links[ln]) for v in mine[ln]) for ln in s.links}
     blocked = {ln for ln in s.links if any(heavy(v.facts, s.links[ln]) for v in mine[ln])}
-    active = len(running)
+    active = sum(1 for v in running if v.sending)
     # the links take turns (the least busy link's head first, then the best head), so
     # that one link's queue does not fill max_parallel while another link idles
     while active < s.max_parallel:
@@ -172,63 +189,93 @@ def decide(s: Snapshot) -> list[Action]:
     out: list[Action] = []
     for ln, link in s.links.items():
         group = mine[ln] + starting[ln]
-        shares = split(link, [v.facts for v in group],
-                       {v.facts.name: _remaining_wire(v) for v in group})
+        caps = split(link, [v.facts for v in group])
+        gets = effective(link, caps)
         for v in mine[ln]:
-            new = shares[v.facts.name]
+            new = caps[v.facts.name]
             if v.bandwidth is None or abs(new - v.bandwidth) > CHANGE * v.bandwidth:
-                out.append(SetBandwidth(v.facts.name, new, _why(v.facts, new, link, len(group))))
+                out.append(SetBandwidth(v.facts.name, new,
+                                        _why(v.facts, new, gets[v.facts.name], link,
+                                             len(group)), gets[v.facts.name]))
         for v in starting[ln]:
-            bw = shares[v.facts.name]
-            out.append(Start(v.facts.name, bw, _why(v.facts, bw, link, len(group))))
+            bw, rate = caps[v.facts.name], gets[v.facts.name]
+            out.append(Start(v.facts.name, bw, _why(v.facts, bw, rate, link, len(group)),
+                             rate))
     return out
 
 
-def split(link: float, vms: list[VmFacts], remaining: dict[str, float]) -> dict[str, float]:
-    """The link in proportion to each VM's remaining wire bytes (so that they end
-    together and the link stays full), but never below a VM's reserve (water-filling:
-    a VM held at its reserve, the rest shared by the others in proportion). A heavy
-    VM among others (it turned busy while they ran) gets all but their reserves."""
+def split(link: float, vms: list[VmFacts]) -> dict[str, float]:
+    """Caps for the VMs sending on one link (the link's rate: no cap below it). Under
+    the caps TCP splits the link evenly (:func:`effective`), which is right unless a
+    VM's reserve is above what that split gives it:
+
+    - every reserve fits in the even split (≤ link ÷ n): no cap below the link, so
+      the link stays full whatever the streams do (one ends, one is CPU-bound);
+    - a heavy VM (turned heavy while others ran, by re-plan): the others capped at
+      their reserves, the heavy one uncapped (the rest and whatever they leave); two
+      heavy ones, or others whose reserves would take half the link: no caps (TCP's
+      even split is as good as any);
+    - the reserves together exceed the link (a re-plan): in proportion to them;
+    - else water-filling at an even level λ with the reserves as floors (Σ max(r, λ)
+      = link): the VMs whose reserve is above λ are protected, the others capped at
+      λ; one protected VM is left uncapped (it gets at least its reserve and whatever
+      the others leave), several get their reserves."""
     if not vms:
         return {}
-    if len(vms) == 1:
-        return {vms[0].name: link}
     res = {f.name: reserve(f, link) for f in vms}
-    hv = [f for f in vms if heavy(f, link)]
-    if hv:  # two heavy on one link only happen by re-plan: they split the rest evenly
-        heavy_names = {f.name for f in hv}
-        others = sum(r for n, r in res.items() if n not in heavy_names)
-        if others >= link / 2:  # the others' reserves would starve it: even split
-            return {f.name: link / len(vms) for f in vms}
-        return {n: (link - others) / len(hv) if n in heavy_names else r
-                for n, r in res.items()}
+    uncapped = {f.name: link for f in vms}
+    if len(vms) == 1 or max(res.values()) <= link / len(vms):
+        return uncapped
+    hv = {f.name for f in vms if heavy(f, link)}
+    if hv:
+        others = sum(r for n, r in res.items() if n not in hv)
+        if len(hv) > 1 or others >= link / 2:
+            return uncapped
+        return {n: link if n in hv else r for n, r in res.items()}
     total_res = sum(res.values())
     if total_res >= link:
         return {n: link * r / total_res for n, r in res.items()}
-    weight = {n: max(remaining.get(n, 0.0), 1.0) for n in res}
-    held: dict[str, float] = {}
-    while True:
-        free = link - sum(held.values())
-        rest = [n for n in res if n not in held]
-        wsum = sum(weight[n] for n in rest)
-        out = {n: free * weight[n] / wsum for n in rest}
-        low = [n for n in rest if out[n] < res[n]]
-        if not low:
-            return {**held, **out}
-        for n in low:
-            held[n] = res[n]
+    level = _even_level(link, list(res.values()))
+    protected = [n for n, r in res.items() if r > level]
+    return {n: (link if len(protected) == 1 else r) if n in protected else level
+            for n, r in res.items()}
 
 
-def _remaining_wire(v: VmState) -> float:
-    return (1.0 - v.progress) * v.facts.nonzero / v.facts.ratio
+def _even_level(link: float, floors: list[float]) -> float:
+    """λ with Σ max(floor, λ) = link (the floors sum to less than the link)."""
+    fixed_sum, rest = 0.0, sorted(floors, reverse=True)
+    while rest:
+        level = (link - fixed_sum) / len(rest)
+        if rest[0] <= level:
+            return level
+        fixed_sum += rest.pop(0)
+    return 0.0
 
 
-def _why(f: VmFacts, bw: float, link: float, n: int) -> str:
+def effective(link: float, caps: dict[str, float]) -> dict[str, float]:
+    """What each stream gets under its cap when TCP shares the link evenly (max-min
+    fair: a stream capped below the even level keeps its cap, the rest share what it
+    leaves)."""
+    out: dict[str, float] = {}
+    left, rest = link, sorted(caps, key=lambda n: caps[n])
+    while rest:
+        level = left / len(rest)
+        if caps[rest[0]] >= level:
+            return {**out, **{n: level for n in rest}}
+        n = rest.pop(0)
+        out[n] = caps[n]
+        left -= caps[n]
+    return out
+
+
+def _why(f: VmFacts, cap: float, rate: float, link: float, n: int) -> str:
     kind = "heavy (throttled even alone)" if heavy(f, link) else (
         "busy" if f.dirty_rate > 0.1 * MAX_Q * link else "idle")
+    capped = ("no cap below the link" if cap >= link
+              else f"capped at {100 * cap / link:.0f}% of the link")
     return (f"{kind}: dirty {f.dirty_rate / 2**20:.1f} MiB/s, reserve "
-            f"{reserve(f, link) / 2**20:.1f} MiB/s; {100 * bw / link:.0f}% of the link "
-            f"with {n} migrating")
+            f"{reserve(f, link) / 2**20:.1f} MiB/s; {capped}, ~{100 * rate / link:.0f}% "
+            f"of it with {n} migrating")
 
 
 @dataclass
@@ -241,6 +288,7 @@ class Planned:
     work_lost: float
     wave: int  # how many ran at its start (itself included)
     bandwidths: list[float] = field(default_factory=list)
+    stream: tuple[float, float] = (0.0, 0.0)  # its stream's start and end (uses the link)
 
 
 @dataclass
@@ -262,23 +310,39 @@ class Plan:
         pa, pb = self.by_name(a), self.by_name(b)
         return pa.start < pb.end - 1e-9 and pb.start < pa.end - 1e-9
 
+    def share_link(self, a: str, b: str) -> bool:
+        """Their streams overlap (the overheads around a stream use no link)."""
+        (sa, ea), (sb, eb) = self.by_name(a).stream, self.by_name(b).stream
+        return sa < eb - 1e-9 and sb < ea - 1e-9
+
     def by_name(self, name: str) -> Planned:
         return next(p for p in self.vms if p.name == name)
 
     def max_parallel(self) -> int:
+        """Most migrations under way at once, finishing ones included."""
         return max((sum(1 for q in self.vms if q.start <= p.start < q.end)
+                    for p in self.vms), default=0)
+
+    def max_active(self) -> int:
+        """Most migrations starting or sending at once (what ``max_parallel`` caps)."""
+        return max((sum(1 for q in self.vms if q.start <= p.start < q.stream[1])
                     for p in self.vms), default=0)
 
 
 def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 3,
              policy: Callable[[Snapshot], list[Action]] | None = None) -> Plan:
-    """Run ``decide`` (or ``policy(snapshot)``) against the model: each migration
-    progresses at 1 ÷ its modelled time at its current cap; caps change at events."""
+    """Run ``decide`` (or ``policy(snapshot)``) against the model. A migration is
+    ``PRE_SHARE`` of ``OVERHEAD_S`` without the link, then its stream (the encoding
+    model's time at the rate it gets under its cap beside the other streams on its
+    link, :func:`effective`; caps and rates change at events), then the rest of the
+    overhead, again without the link (the scheduler sees that part as not sending)."""
     choose = policy or decide
     states = {f.name: VmState(f) for f in fleet}
+    phase: dict[str, str] = {}  # pre | send | post
+    wait: dict[str, float] = {}  # seconds left in pre / post
     planned: dict[str, Planned] = {}
     t = 0.0
-    for _ in range(10 * len(fleet) + 10):
+    for _ in range(20 * len(fleet) + 20):
         acts = choose(Snapshot(t, tuple(states.values()), links, max_parallel))
         for a in acts:
             v = states[a.name]
@@ -286,41 +350,52 @@ def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 
             if isinstance(a, Start):
                 n = sum(1 for x in states.values() if x.status == MIGRATING)
                 planned[a.name] = Planned(a.name, t, t, 0.0, n)
+                phase[a.name], wait[a.name] = "pre", PRE_SHARE * OVERHEAD_S
             planned[a.name].bandwidths.append(a.bandwidth)
         running = [v for v in states.values() if v.status == MIGRATING]
         if not running:
             break
-        left = {v.facts.name: (1.0 - v.progress) * seconds(v.facts, v.bandwidth or 1.0)
-                for v in running}
+        rate: dict[str, float] = {}
+        for ln, link in links.items():
+            rate.update(effective(link, {v.facts.name: v.bandwidth or 1.0 for v in running
+                                         if v.facts.link == ln
+                                         and phase[v.facts.name] == "send"}))
+        stream = {n: _estimate(states[n].facts, r).seconds for n, r in rate.items()}
+        left = {v.facts.name: (1.0 - v.progress) * stream[v.facts.name]
+                if phase[v.facts.name] == "send" else wait[v.facts.name] for v in running}
         dt = min(left.values())
         t += dt
         for v in running:
             name = v.facts.name
-            total = seconds(v.facts, v.bandwidth or 1.0)
-            planned[name].work_lost += dt / total * work_lost(v.facts, v.bandwidth or 1.0)
-            if left[name] <= dt + 1e-9:
-                states[name] = replace(v, status=DONE, progress=1.0)
-                planned[name].end = t
+            done = left[name] <= dt + 1e-9
+            if phase[name] == "send":
+                frac = 1.0 - v.progress if done else dt / stream[name]
+                planned[name].work_lost += frac * work_lost(v.facts, rate[name])
+                if done:
+                    planned[name].stream = (planned[name].stream[0], t)
+                    phase[name], wait[name] = "post", (1.0 - PRE_SHARE) * OVERHEAD_S
+                    states[name] = replace(v, progress=1.0, sending=False)
+                else:
+                    states[name] = replace(v, progress=v.progress + frac)
+            elif not done:
+                wait[name] -= dt
+            elif phase[name] == "pre":
+                phase[name] = "send"
+                planned[name].stream = (t, t)
             else:
-                states[name] = replace(v, progress=v.progress + dt / total)
+                states[name] = replace(v, status=DONE, progress=1.0, sending=False)
+                planned[name].end = t
     return Plan(sorted(planned.values(), key=lambda p: (p.start, p.name)))
 
 
 def fixed(concurrency: int) -> Callable[[Snapshot], list[Action]]:
     """A fixed-concurrency baseline (Nova: 1, KubeVirt: 2 per node): the queue in the
-    given order, ``concurrency`` at a time, TCP's even split of the link."""
+    given order, ``concurrency`` at a time, no caps (TCP's even split of the link:
+    :func:`effective` in the model)."""
     def policy(s: Snapshot) -> list[Action]:
         running = [v for v in s.vms if v.status == MIGRATING]
         queued = [v for v in s.vms if v.status == QUEUED]
         starting = queued[:max(0, concurrency - len(running))]
-        out: list[Action] = []
-        for link_name, link in s.links.items():
-            mine = [v for v in running + starting if v.facts.link == link_name]
-            for v in mine:
-                bw = link / len(mine)
-                if v in starting:
-                    out.append(Start(v.facts.name, bw, f"fixed concurrency {concurrency}"))
-                elif v.bandwidth != bw:
-                    out.append(SetBandwidth(v.facts.name, bw, "even split"))
-        return out
+        return [Start(v.facts.name, s.links[v.facts.link], f"fixed concurrency {concurrency}")
+                for v in starting]
     return policy

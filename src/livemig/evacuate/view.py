@@ -23,6 +23,8 @@ def vm_line(v: Any, now: float) -> str:
     head = f"  {v.name:<14} {v.status:<9}"
     if v.status == schedule.MIGRATING:
         lv = v.live
+        if lv.get("sent"):
+            return f"{head} sent, finishing (resume, confirm, check) -> {dst}"
         if not lv.get("total"):
             return f"{head} setting up -> {dst}, try {v.attempts}"
         eta = lv["remaining"] / lv["bps"] if lv.get("bps") else None

@@ -5,17 +5,23 @@ The domain's QEMU is reached through libvirt's monitor passthrough
 (:class:`DomainEnd`); pages through the patched QEMU's own sampler, or else libvirt's
 ``virDomainMemoryPeek`` (``VIR_MEMORY_PHYSICAL``, 64 KiB per call), which libvirt
 serves on the QEMU's host: nothing is assumed about that host's files. The source
-host's CPUs and free memory come from libvirt too.
+host's CPUs and free memory come from libvirt too. A sample taken moments before by
+``livemig evacuate`` (named in ``LIVEMIG_PAGE_SAMPLE``, :mod:`livemig.sampling.given`)
+is used instead of a new one when it is this domain's and fresh.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
+from pathlib import Path
 from typing import Any
 
 from livemig.engine.adapt import Adapted, Hints, adapt
 from livemig.engine.events import EventStream
 from livemig.engine.plan import Plan
+from livemig.sampling import given
 from livemig.virt import qmp
 from livemig.virt.conn import LibvirtError, libvirt_module, message
 
@@ -74,7 +80,28 @@ def host_hints(conn: Any, dom: Any, tls: bool = False) -> Hints:
                  host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls)
 
 
+def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
+    """The sample ``LIVEMIG_PAGE_SAMPLE`` names, if it is ``name``'s and fresh (else
+    None, and an event says why it was not used)."""
+    path = os.environ.get(given.ENV)
+    if not path:
+        return None
+    result, why = given.load(Path(path), name)
+    if result is None:
+        events.event("page sample not reused", why=why)
+        return None
+    events.event("page sample reused", file=path, age_s=result.detail.get("age_s"),
+                 sampler=result.sampler)
+    return given.GivenSampler(result)
+
+
 def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream,
                  tls: bool = False) -> Adapted:
     """The second plan for ``dom`` (sync: libvirt runs are)."""
-    return asyncio.run(adapt(DomainEnd(dom), plan, host_hints(conn, dom, tls), events))
+    hints = host_hints(conn, dom, tls)
+    auto = (plan.livemig_setting("encoding") == "auto"
+            and plan.livemig_setting("sampler") == "auto")
+    reuse = given_sample(str(dom.name()), events) if auto else None  # else unused
+    if reuse is not None:
+        hints = dataclasses.replace(hints, given=reuse)
+    return asyncio.run(adapt(DomainEnd(dom), plan, hints, events))
