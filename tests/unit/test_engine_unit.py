@@ -693,3 +693,17 @@ def test_postcopy_after_needs_postcopy_ram():
     plan = Plan(URI, settings=(("postcopy-after", "5"), *FAST), profile="defaults").validate()
     with pytest.raises(UsageError, match="postcopy-after=5: this QEMU has no postcopy-ram"):
         run(Engine(src, dst, plan))
+
+
+def test_a_postcopy_qemu_never_entered_leaves_the_runs_limits_in_force(monkeypatch):
+    # migrate-start-postcopy answered but QEMU stays in pre-copy: after the grace
+    # --max-time cancels again, the source keeps running
+    monkeypatch.setattr("livemig.engine.monitor.POSTCOPY_GRACE_S", 0.05)
+    src, dst = _postcopy_ends(["active"])
+    plan = Plan(URI, settings=(("postcopy-after", "0.001"), *FAST), profile="defaults",
+                max_time=0.2).validate()
+    rec = run(Engine(src, dst, plan))
+    assert src.called("migrate-start-postcopy")
+    assert rec.outcome == "aborted" and "max-time" in (rec.reason or "")
+    assert src.called("migrate_cancel") and src.status == "running"
+    assert any(e.get("event") == "post-copy not entered" for e in rec.events)

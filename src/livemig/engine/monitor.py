@@ -38,6 +38,9 @@ CANCEL_TIMEOUT_S = 60.0  # QEMU must reach a terminal state this long after a ca
 # late after ``stall-timeout``.
 LOOK_S = 0.5
 YANK_MIGRATION = [{"type": "migration"}]
+# migrate-start-postcopy asked: QEMU enters post-copy at its next iteration, well
+# within this; if it has not (the command was refused), the run's limits apply again
+POSTCOPY_GRACE_S = 10.0
 
 
 class Policies(Protocol):
@@ -96,7 +99,7 @@ class Monitor:
         self.on_postcopy = on_postcopy
         self.postcopy_done = False  # on_postcopy said the destination runs
         self.postcopy_noted = False  # a stop asked in post-copy was said once
-        self.postcopy_asked = False  # migrate-start-postcopy issued: no cancel from here
+        self.postcopy_asked: float | None = None  # when migrate-start-postcopy was issued
 
     async def run(self) -> Terminal:
         start = time.monotonic()
@@ -208,10 +211,14 @@ class Monitor:
         if verdict.decision is Decision.CANCEL:
             return verdict
         if verdict.decision is Decision.POSTCOPY:
-            self.postcopy_asked = True
-        if self.postcopy_asked:  # QEMU is switching to post-copy: see _postcopy
-            await self._postcopy(obs)
-            return verdict
+            self.postcopy_asked = obs.t
+        if self.postcopy_asked is not None:  # QEMU is switching to post-copy: no cancel
+            if obs.t - self.postcopy_asked < POSTCOPY_GRACE_S:
+                await self._postcopy(obs)
+                return verdict
+            self.events.event("post-copy not entered", after_s=round(
+                obs.t - self.postcopy_asked, 1))
+            self.postcopy_asked = None  # refused: a pre-copy like any other again
         if self.interrupt.is_set():
             return Verdict(Decision.CANCEL, "interrupted")
         if self.max_time and obs.t > self.max_time:
