@@ -21,6 +21,7 @@ def vm_record(v: Any) -> dict[str, Any]:
     f = v.facts
     return {
         "name": v.name, "destination": v.destination, "outcome": v.status,
+        "left_source": bool(getattr(v, "left_source", False)),
         "attempts": v.attempts, "reason": v.reason or None,
         "start_s": None if v.started is None else round(v.started, 3),
         "end_s": None if v.ended is None else round(v.ended, 3),
@@ -58,7 +59,8 @@ def build(evac: Any, plan: Plan, measured: dict[str, Any], nowhere: list[str],
         "verified": sum(1 for r in done if r["consistency_ram"] == "ok"),
         "migrated": len(done),
         "failures": [r["name"] for r in vms if r["outcome"] == "failed"],
-        "left_on_source": [r["name"] for r in vms if r["outcome"] != "done"] + nowhere,
+        "left_on_source": [r["name"] for r in vms
+                           if r["outcome"] != "done" and not r["left_source"]] + nowhere,
         "no_room": nowhere,
         "links": evac.o.links,
         "max_parallel": evac.o.max_parallel,

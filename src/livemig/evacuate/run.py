@@ -61,6 +61,7 @@ class Vm:
     reports: list[dict[str, Any]] = field(default_factory=list)
     tries: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
+    left_source: bool = False  # failed, yet no longer runs on the source (see _poll)
     sample_file: Path | None = None  # the measurement's page sample, for the child
 
     @property
@@ -238,12 +239,27 @@ class Evacuation:
                        f"{self.o.out / (v.name + '.log')})")
         if self.cancelled:
             v.status, v.ended = ABORTED, self.t()
+        elif not self._runs_on_source(v):
+            # libvirt's peer-to-peer job can complete after the child failed (its
+            # destination daemon went away during the confirm): the guest runs on the
+            # destination, unverified; a retry would only fail to find it here
+            v.status, v.ended, v.left_source = FAILED, self.t(), True
+            v.reason = (f"no longer runs on the source after try {v.attempts} ({v.reason}): "
+                        f"look for it on {v.destination} (not verified there)")
+            self.event("failed", vm=v.name, reason=v.reason, left_source=True)
         elif v.attempts < ATTEMPTS:
             v.status, v.bandwidth, v.not_before = QUEUED, None, self.t() + RETRY_DELAY_S
             self.event("retry", vm=v.name, reason=v.reason)
         else:
             v.status, v.ended = FAILED, self.t()
             self.event("failed", vm=v.name, reason=v.reason)
+
+    def _runs_on_source(self, v: Vm) -> bool:
+        """The domain is still active on the source (True when it cannot be told)."""
+        try:
+            return bool(self.conn.lookupByName(v.name).isActive())
+        except Exception as e:  # libvirt: no such domain (it left), or the daemon
+            return "not found" not in str(e).lower() and "no domain" not in str(e).lower()
 
     def _live(self, v: Vm) -> None:
         """The source's job statistics: the view, a re-plan when the VM dirties more
