@@ -37,6 +37,7 @@ from typing import Any
 from livemig.evacuate import schedule
 from livemig.evacuate.schedule import MIGRATING, QUEUED, VmFacts, VmState
 from livemig.sampling import given
+from livemig.virt.conn import libvirt_module
 
 POLL_S = 0.5
 RETRY_DELAY_S = 2.0  # a failed VM waits this long before its second try
@@ -256,10 +257,12 @@ class Evacuation:
 
     def _runs_on_source(self, v: Vm) -> bool:
         """The domain is still active on the source (True when it cannot be told)."""
+        libvirt = libvirt_module()
         try:
             return bool(self.conn.lookupByName(v.name).isActive())
-        except Exception as e:  # libvirt: no such domain (it left), or the daemon
-            return "not found" not in str(e).lower() and "no domain" not in str(e).lower()
+        except Exception as e:  # no such domain (it left); else it cannot be told
+            return not (isinstance(e, libvirt.libvirtError)
+                        and e.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN)
 
     def _live(self, v: Vm) -> None:
         """The source's job statistics: the view, a re-plan when the VM dirties more

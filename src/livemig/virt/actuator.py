@@ -29,6 +29,7 @@ from livemig.virt.plan import LEASE_PARAM, THROTTLE_CANCEL, THROTTLE_COMMAND, TH
 
 # query-block's throttle fields: all 0 means the disk has no I/O limits of its own
 THROTTLE_FIELDS = ("bps", "bps_rd", "bps_wr", "iops", "iops_rd", "iops_wr")
+NO_IO_LIMITS = dict.fromkeys(THROTTLE_FIELDS, 0)  # block_set_io_throttle: no limit at all
 
 Qmp = Callable[..., Any]  # (execute, **arguments) -> QMP return value (passthrough)
 
@@ -120,8 +121,8 @@ class LibvirtActuator:
         errors = []
         for dev in self.io:
             try:
-                self.qmp("block_set_io_throttle", id=dev.qdev, bps=0, bps_rd=0,
-                         bps_wr=write_bytes_per_s, iops=0, iops_rd=0, iops_wr=0)
+                self.qmp("block_set_io_throttle", id=dev.qdev,
+                         **{**NO_IO_LIMITS, "bps_wr": write_bytes_per_s})
             except LibvirtError as e:
                 errors.append(f"{dev.target}: {e}")
         if errors:

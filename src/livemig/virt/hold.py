@@ -40,6 +40,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -204,7 +205,26 @@ def put_back_settings(domain: str, record: dict[str, Any]) -> list[str] | None:
                 c.close()
     if waiting:
         return None
-    return [f"{r}" for r in repaired] or ["nothing set on an end where it runs"]
+    return [str(r) for r in repaired] or ["nothing set on an end where it runs"]
+
+
+def _until(deadline: float, waiting: str, attempt: Callable[[], str | None]) -> str | None:
+    """``attempt()`` every RETRY_S until it says what it did or ``deadline`` passes
+    (None); why it has not yet (``waiting``, or its error) is logged when it changes."""
+    last = ""
+    while True:
+        try:
+            done, why = attempt(), waiting
+        except Exception as e:  # a daemon away, a QMP error: log it, never a traceback
+            done, why = None, f"{e!r}"
+        if done is not None:
+            return done
+        if why != last:
+            log.info("not yet: %s", why)
+            last = why
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(RETRY_S)
 
 
 def _settings(spec: dict[str, Any], deadline: float) -> int:
@@ -212,29 +232,23 @@ def _settings(spec: dict[str, Any], deadline: float) -> int:
     from livemig.virt import journal
 
     domain, pid = str(spec["domain"]), spec.get("watch_pid")
-    last = ""
-    while True:
+
+    def attempt() -> str | None:
         record = journal.read(domain)
         if record is None or record.get("owner_pid") != pid:
-            log.info("no settings of this run left to put back")
-            return 0
-        try:
-            done = put_back_settings(domain, record)
-            err = "a migration job still holds the domain"
-        except Exception as e:  # a daemon away, a QMP error: log it and look again
-            done, err = None, f"{e!r}"
-        if done is not None:
-            journal.remove(domain, owner_pid=pid if isinstance(pid, int) else None)
-            log.info("settings put back: %s", "; ".join(done))
-            return 0
-        if err != last:
-            log.info("settings not yet put back: %s", err)
-            last = err
-        if time.monotonic() >= deadline:
-            log.info("gave up putting the settings back: the next livemig run for %s "
-                     "does it (journal %s)", domain, journal.path(domain))
-            return 1
-        time.sleep(RETRY_S)
+            return "no settings of this run left to put back"
+        done = put_back_settings(domain, record)
+        if done is None:
+            return None
+        journal.remove(domain, owner_pid=pid if isinstance(pid, int) else None)
+        return "settings put back: " + "; ".join(done)
+    said = _until(deadline, "a migration job still holds the domain", attempt)
+    if said is None:
+        log.info("gave up putting the settings back: the next livemig run for %s "
+                 "does it (journal %s)", domain, journal.path(domain))
+        return 1
+    log.info("%s", said)
+    return 0
 
 
 def _resume(spec: dict[str, Any], deadline: float) -> int:
@@ -244,23 +258,15 @@ def _resume(spec: dict[str, Any], deadline: float) -> int:
         log.info("removing the comparison's NBD exports failed: %r", e)
     log.info("livemig died: resuming the destination once the migration is over")
     src = spec.get("src_uri")
-    last = ""
-    while time.monotonic() < deadline:
-        try:
-            done = resume_if_paused(str(spec["domain"]), str(spec["dst_uri"]),
-                                    str(src) if src else None)
-        except Exception as e:  # log, never a traceback in someone's terminal
-            done, err = None, f"{e!r}"
-            if err != last:
-                log.info("not yet: %s", err)
-            last = err
-        if done is not None:
-            log.info("%s", done)
-            return 0
-        time.sleep(RETRY_S)
-    log.info("gave up after %.0f s: the domain may still be paused on %s",
-             float(spec.get("wait_s", WAIT_S)), spec["dst_uri"])
-    return 1
+    said = _until(deadline, "a migration job still holds the domain",
+                  lambda: resume_if_paused(str(spec["domain"]), str(spec["dst_uri"]),
+                                           str(src) if src else None))
+    if said is None:
+        log.info("gave up after %.0f s: the domain may still be paused on %s",
+                 float(spec.get("wait_s", WAIT_S)), spec["dst_uri"])
+        return 1
+    log.info("%s", said)
+    return 0
 
 
 def main(argv: list[str]) -> int:

@@ -46,15 +46,6 @@ def write(domain: str, **data: Any) -> None:
     os.replace(tmp, p)
 
 
-def update(domain: str, **data: Any) -> None:
-    """Add to this process's record (what it learned it may change later)."""
-    current = read(domain)
-    if current is None or current.get("owner_pid") != os.getpid():
-        return
-    fields = {k: v for k, v in current.items() if k not in ("domain", "owner_pid", "owner_start")}
-    write(domain, **{**fields, **data})
-
-
 def read(domain: str) -> dict[str, Any] | None:
     try:
         return dict(json.loads(path(domain).read_text()))

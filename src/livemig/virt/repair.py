@@ -23,9 +23,7 @@ from typing import Any
 
 from livemig.errors import LivemigError
 from livemig.virt import qmp
-
-# block_set_io_throttle arguments that take every limit off a device
-NO_IO_LIMITS = {"bps": 0, "bps_rd": 0, "bps_wr": 0, "iops": 0, "iops_rd": 0, "iops_wr": 0}
+from livemig.virt.actuator import NO_IO_LIMITS
 
 
 def put_back(record: Mapping[str, Any], dom_at: Callable[[str], Any | None],

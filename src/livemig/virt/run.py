@@ -156,6 +156,7 @@ class DomainMigration:
         self.disk_written: dict[str, tuple[float, int]] = {}  # target -> (t, wr_bytes)
         # puts back what this run set, and resumes a held destination, if we die
         self.guard: hold.Guard | None = None
+        self.journaled: dict[str, Any] = {}  # what the journal says (virt/journal.py)
         self._aio: asyncio.Runner | None = None  # runs the executor's coroutines
         self.stop_reason: str | None = None
         self._stop = threading.Event()
@@ -229,7 +230,8 @@ class DomainMigration:
         with contextlib.suppress(self.libvirt.libvirtError):
             self.orig_downtime = int(self.dom.migrateGetMaxDowntime(0))
         # what the policies may change during the migration, for the guard
-        journal.update(o.domain, io=[d.qdev for d in io], downtime_ms=self.orig_downtime)
+        self.journaled.update(io=[d.qdev for d in io], downtime_ms=self.orig_downtime)
+        journal.write(o.domain, **self.journaled)
 
     def _io_devices(self, xml: str) -> tuple[IoDevice, ...]:
         """The copied disks' devices the IO cap goes on (io-qos); what is left alone
@@ -313,11 +315,11 @@ class DomainMigration:
                                       if k in offered and k in caps})
             self.restore_params.update({k: current[k] for k in LIBVIRT_RESET_PARAMS
                                         if k in current})
-        journal.write(self.opts.domain, src_uri=self.opts.src_uri,
-                      dst_uri=self.opts.dst_uri, params=self.restore_params,
-                      caps=self.restore_caps,
-                      dst_params={k: current.get(k, "none") for k in plan.dst_globals
-                                  if k in STREAM_PARAMS})
+        self.journaled = {"src_uri": self.opts.src_uri, "dst_uri": self.opts.dst_uri,
+                          "params": self.restore_params, "caps": self.restore_caps,
+                          "dst_params": {k: current.get(k, "none") for k in plan.dst_globals
+                                         if k in STREAM_PARAMS}}
+        journal.write(self.opts.domain, **self.journaled)
         if plan.src_caps:
             qmp.command(self.dom, "migrate-set-capabilities", capabilities=[
                 {"capability": k, "state": v} for k, v in plan.src_caps.items()])
