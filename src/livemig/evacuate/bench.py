@@ -1,18 +1,22 @@
 """The evacuation benchmark on the testbed (not a test):
-``python -m livemig.evacuate.bench OUT_DIR [--repeats 3] [--count 5] [--link 100mbit]``.
+``python -m livemig.evacuate.bench OUT_DIR [--repeats 3] [--count 5] [--link 100mbit]
+[--fleet mixed|busy] [--stock-profile upstream[,upstream-xbzrle]]``.
 
-The same fleet (``testbed fleet``: idle, small-write busy, whole-page writer, cycled),
-defined afresh for every run, evacuated from src to dst and dst2 by:
-``fixed:1`` (Nova's default), ``fixed:2`` (KubeVirt's per node) and ``fixed:N`` (all
-at once), each with the best stock profile (``upstream``) on the unpatched QEMU,
-and ``livemig evacuate`` with its profile on the patched build. Repeats interleave
-the four; the Markdown table has medians. Needs the testbed up with ``--libvirt
---hosts 2`` and the lock (``flock /tmp/livemig-vm.lock``).
+The same fleet (``testbed fleet``, its kind's workloads cycled), defined afresh for
+every run, evacuated from src to dst and dst2 by: ``fixed:1`` (Nova's default),
+``fixed:2`` (KubeVirt's per node) and ``fixed:N`` (all at once), each with a stock
+profile on the unpatched QEMU (several: each configuration once per profile, named
+``fixed:N@profile``), and ``livemig evacuate`` with its profile on the patched build.
+Repeats interleave the configurations; the Markdown table has medians. Every guest's
+harm is read from its agent on whichever host it runs (``harm.FleetWatch``), the
+same way for every configuration. Needs root and the lock (``flock
+/tmp/livemig-vm.lock``); brings the testbed up with two destinations if it is down.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -24,19 +28,26 @@ from typing import Any
 
 from livemig import paths
 from livemig.evacuate import testfleet
+from livemig.evacuate.harm import FleetWatch
 from livemig.testbed import libvirtd, topology
 from livemig.units import parse_link_rate
 
 MEMORY_MIB = 128
-BOOT_S = 8.0  # booted and the writers running
+BOOT_TIMEOUT_S = 180.0  # five TCG guests booting at once on two cores
+WARMUP_S = 5.0  # after every agent said ready: the normal rate's window
+TIMEOUT_S = 1200.0  # one evacuation
 
 
-def configs(count: int, only: list[str] | None = None) -> list[tuple[str, str, str, Path]]:
-    """The issue's four configurations; with ``only``, those named, which may also be
-    the ablation ``livemig-upstream``: livemig's scheduler with the stock profile on
-    the stock QEMU (what the scheduler alone does against ``fixed:N``)."""
+def configs(count: int, only: list[str] | None = None,
+            stock_profiles: tuple[str, ...] = ("upstream",)) -> list[tuple[str, str, str, Path]]:
+    """The issue's four configurations (fixed:1, fixed:2, fixed:N, each once per stock
+    profile, and livemig); with ``only``, those named, which may also be the ablation
+    ``livemig-upstream``: livemig's scheduler with the stock profile on the stock QEMU
+    (what the scheduler alone does against ``fixed:N``)."""
     stock = paths.build_dir() / "qemu-upstream" / "qemu-system-x86_64"
-    main = [(f"fixed:{n}", f"fixed:{n}", "upstream", stock) for n in (1, 2, count)] + [
+    many = len(stock_profiles) > 1
+    main = [(f"fixed:{n}" + (f"@{p}" if many else ""), f"fixed:{n}", p, stock)
+            for n in (1, 2, count) for p in stock_profiles] + [
         ("livemig", "livemig", "livemig", paths.default_qemu())]
     if only is None:
         return main
@@ -45,43 +56,79 @@ def configs(count: int, only: list[str] | None = None) -> list[tuple[str, str, s
 
 
 def one(out: Path, name: str, scheduler: str, profile: str, qemu: Path,
-        count: int) -> dict[str, Any]:
+        count: int, kind: str = "mixed", memory_mib: int = MEMORY_MIB) -> dict[str, Any]:
     prefix = f"bench{int(time.time()) % 100000}"
-    names = list(testfleet.define(count, MEMORY_MIB, prefix, qemu))
+    names = list(testfleet.define(count, memory_mib, prefix, qemu, kind))
     try:
-        time.sleep(BOOT_S)
+        return asyncio.run(_watched(out, names, scheduler, profile))
+    finally:
+        testfleet.remove(names)
+
+
+async def _watched(out: Path, names: list[str], scheduler: str,
+                   profile: str) -> dict[str, Any]:
+    """The evacuation as a child process, with every guest's agent watched from boot
+    to a settle after the evacuation's end."""
+    watch = FleetWatch(names)
+    try:
+        await watch.start()
+        await watch.wait_ready(BOOT_TIMEOUT_S)
+        await asyncio.sleep(WARMUP_S)
+        watch.follow()
         cmd = [sys.executable, "-m", "livemig.cli", "evacuate", "--connect", libvirtd.uri("src"),
                "--to", f"{libvirtd.uri('dst')},{libvirtd.uri('dst2')}", "--unsafe", "-q",
                "--scheduler", scheduler, "--profile", profile, "--report", str(out)]
         # a crash in C (libvirt, a segfault) still leaves a Python stack in stdout.txt
         env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
-        (out / "stdout.txt").write_text(p.stdout + p.stderr + f"\nexit {p.returncode}\n")
+        t0 = time.time()
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        try:
+            stdout, _ = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
+        except TimeoutError:
+            proc.kill()
+            stdout, _ = await proc.communicate()
+        t1 = time.time()
+        (out / "stdout.txt").write_text(stdout.decode(errors="replace")
+                                        + f"\nexit {proc.returncode}\n")
         try:
             rep: dict[str, Any] = json.loads((out / "evacuation.json").read_text())
         except (OSError, ValueError):  # it died before its report: a failed run, noted
-            rep = {"outcome": f"no report (exit {p.returncode})", "time_to_empty_s": None,
+            rep = {"outcome": f"no report (exit {proc.returncode})", "time_to_empty_s": None,
                    "bytes": 0, "longest_pause_ms": None, "expected_s": None,
                    "verified": 0, "vms": []}
-        rep["exit"] = p.returncode
+        await asyncio.sleep(2.5)  # the harm window's settle (harm.SETTLE_S) is seen
+        rep["exit"] = proc.returncode
+        rep["harm"] = watch.summary(t0, t1)
+        (out / "harm.json").write_text(json.dumps(rep["harm"], indent=2) + "\n")
         return rep
     finally:
-        testfleet.remove(names)
+        await watch.close()
 
 
 def table(runs: dict[str, list[dict[str, Any]]]) -> str:
     def med(xs: list[float | None]) -> str:
         v = [x for x in xs if x is not None]
         return f"{statistics.median(v):.1f}" if v else "-"
+    def harm(r: dict[str, Any], key: str) -> float | None:
+        v = (r.get("harm") or {}).get(key)
+        return None if v is None else float(v)
     lines = ["| scheduler | runs | time to empty s (median) | all | RAM sent MiB | "
-             "longest pause ms | planned s | measured before, s | verified | emptied |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "work lost s, sum | worst VM | worst < 10 % s | guest pause ms, worst | "
+             "QEMU downtime ms, longest | planned s | measured before, s | verified | "
+             "emptied |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+             "| --- |"]
     for name, reps in runs.items():
         t = [r["time_to_empty_s"] for r in reps]
         lines.append(
             f"| {name} | {len(reps)} | {med(t)} | "
             f"{', '.join('-' if x is None else f'{x:.1f}' for x in t)} | "
             f"{med([r['bytes'] / 2**20 for r in reps])} | "
+            f"{med([harm(r, 'work_lost_sum_s') for r in reps])} | "
+            f"{med([harm(r, 'work_lost_worst_s') for r in reps])} | "
+            f"{med([harm(r, 'below_10pct_worst_s') for r in reps])} | "
+            f"{med([harm(r, 'guest_pause_worst_ms') for r in reps])} | "
             f"{med([r['longest_pause_ms'] for r in reps])} | "
             f"{med([r['expected_s'] for r in reps])} | "
             f"{med([r.get('measure_s') for r in reps])} | "
@@ -97,6 +144,12 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=5)
     ap.add_argument("--link", default="100mbit")
     ap.add_argument("--only", help="these configurations only (comma-separated names)")
+    ap.add_argument("--fleet", choices=sorted(testfleet.FLEETS), default="mixed",
+                    help="the fleet's kind (testbed fleet --kind; default mixed)")
+    ap.add_argument("--memory", type=int, default=MEMORY_MIB, help="MiB per domain")
+    ap.add_argument("--stock-profile", default="upstream",
+                    help="the stock configurations' profile(s), comma-separated "
+                    "(default upstream)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -114,10 +167,11 @@ def main() -> int:
         try:
             for r in range(a.repeats):
                 for name, sched, profile, qemu in configs(
-                        a.count, a.only.split(",") if a.only else None):
-                    d = a.out / f"{name.replace(':', '-')}-{r}"
+                        a.count, a.only.split(",") if a.only else None,
+                        tuple(a.stock_profile.split(","))):
+                    d = a.out / f"{name.replace(':', '-').replace('@', '-')}-{r}"
                     d.mkdir(parents=True, exist_ok=True)
-                    rep = one(d, name, sched, profile, qemu, a.count)
+                    rep = one(d, name, sched, profile, qemu, a.count, a.fleet, a.memory)
                     runs.setdefault(name, []).append(rep)
                     print(f"{name} #{r}: {rep['outcome']}, time to empty "
                           f"{rep['time_to_empty_s']}, exit {rep['exit']}", flush=True)

@@ -1,9 +1,18 @@
 """A fleet of small domains on the testbed's source daemon (``livemig testbed fleet``).
 
-Mixed workloads, cycled: idle, a small-write busy guest (128 B rewrites in a hot
-set: what lz4 deltas are for), a whole-page writer, then idle again. Sized for this
-2-core TCG machine: 160 MiB each by default, writers at a few MiB/s (each guest's
-vCPU is a host thread; four writers flat out would starve the migrations). Each
+Two kinds, their workloads cycled over the domains:
+
+- ``mixed`` (the default): idle, a small-write busy guest (128 B rewrites in a hot
+  set: what lz4 deltas are for), a whole-page writer, then idle again, writers at a
+  few MiB/s: a fleet that converges with any profile.
+- ``busy``: databases and caches, the guests an evacuation hangs on. Small-write
+  writers at 24 and 12 MiB/s (128 B records, 85 % of writes in 8 % of the set: the
+  issue's "busy database"), a whole-page writer of mixed data at 16 MiB/s, one idle
+  guest. Each dirties faster than its share of a 100 Mbit/s link carries plain
+  pages, so none converges without a delta encoding or a throttle.
+
+Sized for this 2-core TCG machine: each guest's vCPU is a host thread, and writers
+at a rate (not flat out) leave the cores to the migrations. Each
 domain has its own MAC and guest address (10.78.0.20 + i) and a small raw disk on the
 lab's shared storage, so ``livemig evacuate`` needs no disk copy.
 """
@@ -18,24 +27,34 @@ from livemig import paths
 from livemig.errors import SetupError
 from livemig.testbed import libvirtd, topology
 
-WORKLOADS = (
-    "idle",
-    "mem:size=64M,rate=6M,hot=80/10,touch=128",
-    "mem:size=64M,rate=12M",
-)
+FLEETS: dict[str, tuple[str, ...]] = {
+    "mixed": (
+        "idle",
+        "mem:size=64M,rate=6M,hot=80/10,touch=128",
+        "mem:size=64M,rate=12M",
+    ),
+    "busy": (
+        "mem:size=96M,rate=24M,hot=85/8,touch=128",
+        "mem:size=96M,rate=16M,hot=70/20,touch=4096,fill=mixed",
+        "mem:size=96M,rate=12M,hot=85/8,touch=128",
+        "idle",
+    ),
+}
 DISK_BYTES = 16 << 20
 FIRST_HOST_OCTET = 20
 
 
-def workload(i: int) -> str:
-    return WORKLOADS[i % len(WORKLOADS)]
+def workload(i: int, kind: str = "mixed") -> str:
+    loads = FLEETS[kind]
+    return loads[i % len(loads)]
 
 
-def domain_xml(name: str, i: int, memory_mib: int, emulator: Path, disk: Path) -> str:
+def domain_xml(name: str, i: int, memory_mib: int, emulator: Path, disk: Path,
+               kind: str = "mixed") -> str:
     from livemig.virt.domain import lab_domain_xml
 
     xml = lab_domain_xml(name, emulator, paths.guest_kernel(), paths.guest_initrd(),
-                         str(disk), memory_mib=memory_mib, workload=workload(i))
+                         str(disk), memory_mib=memory_mib, workload=workload(i, kind))
     ip = f"10.78.0.{FIRST_HOST_OCTET + i}"
     mac = f"52:54:00:4c:4e:{FIRST_HOST_OCTET + i:02x}"
     return xml.replace(f"livemig.ip={topology.GUEST_IP}/", f"livemig.ip={ip}/").replace(
@@ -43,10 +62,13 @@ def domain_xml(name: str, i: int, memory_mib: int, emulator: Path, disk: Path) -
 
 
 def define(count: int, memory_mib: int, prefix: str = "fleet",
-           emulator: Path | None = None) -> dict[str, str]:
-    """Define and start ``count`` domains on src; their names and workloads."""
+           emulator: Path | None = None, kind: str = "mixed") -> dict[str, str]:
+    """Define and start ``count`` domains of the ``kind`` fleet on src; their names
+    and workloads."""
     from livemig.virt.conn import libvirt_module, message
 
+    if kind not in FLEETS:
+        raise SetupError(f"no fleet kind {kind!r} (kinds: {', '.join(FLEETS)})")
     if not libvirtd.is_running("src"):
         raise SetupError("no libvirt daemon on src (livemig testbed up --libvirt)")
     emulator = emulator or paths.default_qemu()
@@ -62,10 +84,11 @@ def define(count: int, memory_mib: int, prefix: str = "fleet",
             with open(disk, "wb") as f:
                 f.truncate(DISK_BYTES)
             try:
-                conn.defineXML(domain_xml(name, i, memory_mib, emulator, disk)).create()
+                conn.defineXML(domain_xml(name, i, memory_mib, emulator, disk,
+                                          kind)).create()
             except libvirt.libvirtError as e:
                 raise SetupError(f"domain {name}: {message(e)}") from None
-            out[name] = workload(i)
+            out[name] = workload(i, kind)
     finally:
         conn.close()
     return out

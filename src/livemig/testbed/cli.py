@@ -38,6 +38,9 @@ def register(sub: Any) -> None:
     fl.add_argument("--memory", default="160M", help="RAM per domain (default 160M)")
     fl.add_argument("--prefix", default="fleet", help="domain names PREFIX-N (default fleet)")
     fl.add_argument("--qemu", help="the domains' emulator (default: build/qemu's)")
+    fl.add_argument("--kind", choices=("mixed", "busy"), default="mixed",
+                    help="mixed: idle and light writers (default); busy: databases and "
+                    "caches that do not converge without a delta encoding or a throttle")
     fl.set_defaults(func=_fleet)
     lu.set_defaults(func=_libvirt_uri)
     d = tsub.add_parser("down", help="remove the hosts and everything in them "
@@ -153,7 +156,7 @@ def _fleet(a: argparse.Namespace) -> int:
         return 2
     memory = parse_size(a.memory, "--memory")
     names = testfleet.define(a.count, memory >> 20, a.prefix,
-                             Path(a.qemu) if a.qemu else None)
+                             Path(a.qemu) if a.qemu else None, a.kind)
     for name, workload in names.items():
         print(f"{name}: {workload}")
     return 0

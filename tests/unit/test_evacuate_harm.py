@@ -1,0 +1,62 @@
+"""The evacuation benchmark's harm observer, fed agent lines with known times (no VM):
+a guest that stopped for a second across its switchover loses about a second of work
+and shows a one-second pause; its work on two hosts counts as one counter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from livemig.evacuate.harm import FleetWatch, totals
+from livemig.lab.agent import AgentLink
+
+RATE = 10e6  # bytes/s of the guest's writer
+
+
+def _feed(a: AgentLink, t0: float, t1: float, work0: float, step: float = 0.05) -> float:
+    """Beats and counters every ``step`` s over [t0, t1) at RATE; the counter at t1."""
+    t, w = t0, work0
+    while t < t1 - 1e-9:
+        a.handle_line('{"ev":"hb"}', t)
+        a.handle_line(json.dumps({"ev": "rate", "mem_bytes": int(w)}), t)
+        t += step
+        w += RATE * step
+    return w
+
+
+def _watch() -> FleetWatch:
+    w = FleetWatch(["calm", "moved"])
+    calm = AgentLink("src", Path("/nonexistent"))
+    _feed(calm, 0.0, 30.0, 0.0)
+    src, dst = AgentLink("src", Path("/x")), AgentLink("dst", Path("/y"))
+    w0 = _feed(src, 0.0, 15.0, 0.0)
+    _feed(dst, 16.0, 30.0, w0)  # stopped at 15 s, running on dst from 16 s
+    w.links = {"calm": [calm], "moved": [src, dst]}
+    w.ready_at = {"calm": 1.0, "moved": 1.0}
+    return w
+
+
+def test_a_guest_stopped_for_a_second_loses_a_second_and_shows_the_pause() -> None:
+    got = _watch().summary(10.0, 25.0)
+    moved, calm = got["vms"]["moved"], got["vms"]["calm"]
+    assert moved["hosts"] == ["src", "dst"]
+    assert moved["guest_pause_ms"] == pytest.approx(1050.0, abs=60.0)
+    assert moved["work_lost_s"] == pytest.approx(1.0, abs=0.3)
+    assert moved["seconds_below_10pct"] == pytest.approx(1.0, abs=0.3)
+    # the guest that never moved lost nothing and paused for no more than a beat
+    assert calm["work_lost_s"] == pytest.approx(0.0, abs=0.1)
+    assert calm["guest_pause_ms"] < 100.0
+    assert got["work_lost_worst_s"] == moved["work_lost_s"]
+    assert got["work_lost_sum_s"] == pytest.approx(moved["work_lost_s"] + calm["work_lost_s"])
+    assert got["guest_pause_worst_ms"] == moved["guest_pause_ms"] and got["measured"] == 2
+
+
+def test_a_vm_with_no_figures_is_left_out_of_the_totals() -> None:
+    t = totals({"a": {"work_lost_s": 2.0, "seconds_below_10pct": 0.5, "guest_pause_ms": 300},
+                "b": {"work_lost_s": None, "seconds_below_10pct": None,
+                      "guest_pause_ms": None}})
+    assert t == {"work_lost_sum_s": 2.0, "work_lost_worst_s": 2.0, "below_10pct_worst_s": 0.5,
+                 "guest_pause_worst_ms": 300.0, "measured": 1}
+    assert totals({})["work_lost_sum_s"] is None
