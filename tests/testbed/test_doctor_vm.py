@@ -75,6 +75,35 @@ def test_doctor_passes_the_destination_and_fails_a_non_qemu(installed: Path,
         build.stdout
 
 
+def test_a_remote_hosts_emulator_is_asked_through_a_paused_probe_domain(
+        installed: Path, daemons: None) -> None:
+    """As if dst's files were not visible from here: its daemon starts a paused probe
+    domain of the emulator, whose QMP names the mechanisms; the probe leaves nothing."""
+    from livemig.doctor.checks import check
+    from livemig.doctor.gather import gather
+    from livemig.doctor.remote import NAME_PREFIX
+
+    def findings(emulator: Path) -> dict[str, tuple[str, str]]:
+        f = gather(libvirtd.uri("dst"), emulator, True, remote=True)
+        assert not f.local
+        return {x.what: (x.level, x.detail) for x in check(f)}
+
+    got = findings(installed)
+    assert got["mechanisms"][0] == "ok" and "page sampler" in got["mechanisms"][1], got
+    assert got["firmware"][0] == "ok" and got["qemu"][0] == "ok", got
+    stock = findings(QEMU.parent.parent / "qemu-upstream" / "qemu-system-x86_64")
+    assert stock["mechanisms"][0] == "warn" and "stock QEMU" in stock["mechanisms"][1], stock
+    # the raw build has no firmware beside it: its machine cannot be built, said why
+    raw = findings(QEMU)
+    assert raw["qemu"][0] == "fail" and "bios" in raw["qemu"][1].lower(), raw
+    c = libvirt_lab.conn("dst")
+    try:
+        assert not [d.name() for d in c.listAllDomains()
+                    if d.name().startswith(NAME_PREFIX)]
+    finally:
+        c.close()
+
+
 def _domain_xml(name: str, emulator: Path) -> str:
     from livemig.virt.domain import lab_domain_xml
 

@@ -191,3 +191,33 @@ def test_gate_returns_only_what_keeps_a_host_out(monkeypatch: pytest.MonkeyPatch
     assert [(f.level, f.what) for f in gate.blocking("qemu:///system")] == [(FAIL, "memory")]
     monkeypatch.setattr(gate, "gather", lambda _u, _e, _t: replace(GOOD, qemu=STOCK))
     assert gate.blocking("qemu:///system") == []  # a stock QEMU only warns
+
+
+def test_the_remote_probe_domain_has_no_disk_nor_network_and_its_answers_are_read() -> None:
+    import xml.etree.ElementTree as ET
+
+    from livemig.doctor.remote import _facts, domain_xml
+    from livemig.qemucaps import TLS_PROBE
+    from livemig.virt.conn import LibvirtError
+
+    root = ET.fromstring(domain_xml("p<1>", "/opt/q&q/qemu"))
+    assert root.findtext("name") == "p<1>" and root.findtext("devices/emulator") == "/opt/q&q/qemu"
+    assert root.find("devices/disk") is None and root.find("devices/interface") is None
+    answers = {"query-version": {"qemu": {"major": 10, "minor": 2, "micro": 2}},
+               "query-commands": [{"name": "x-calc-ram-sample"}, {"name": "migrate"}],
+               "query-migrate-capabilities": [{"capability": "x-switchover-drain",
+                                               "state": False}],
+               "query-migrate-parameters": {"max-bandwidth": 1}}
+    asked: list[str] = []
+
+    def ask(execute: str, **kw: object) -> object:
+        asked.append(execute)
+        if execute == "object-add":
+            assert kw == TLS_PROBE
+            raise LibvirtError("object-add: TLS credentials support requires GNUTLS")
+        return answers[execute]
+
+    q = _facts("/q", ask)
+    assert q.version == "10.2.2" and "x-calc-ram-sample" in q.commands
+    assert q.capabilities == {"x-switchover-drain"} and q.parameters == {"max-bandwidth"}
+    assert q.gnutls is False and "object-del" not in asked

@@ -1,6 +1,7 @@
 """The facts about one host: from its libvirt daemon, and, when its files are
 visible from here (this machine, or one of the testbed's hosts), from its emulator,
-its ``qemu.conf`` and ``/dev/kvm``."""
+its ``qemu.conf`` and ``/dev/kvm``; a remote host's emulator through a paused probe
+domain its daemon starts (:mod:`livemig.doctor.remote`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 from livemig.accel import kvm_usable
 from livemig.doctor.facts import HostFacts, QemuFacts
 from livemig.doctor.probe import probe
+from livemig.doctor.remote import probe_remote
 from livemig.install import apparmor
 from livemig.tls.creds import CLIENT_FILES, SERVER_FILES, is_local, missing
 from livemig.virt.conn import libvirt_module, message, open_uri, testbed_side
@@ -106,9 +108,11 @@ def _call(f: Any) -> Any:
         return None
 
 
-def gather(uri: str, emulator: Path | None, tls_required: bool) -> HostFacts:
+def gather(uri: str, emulator: Path | None, tls_required: bool,
+           remote: bool | None = None) -> HostFacts:
     """Everything :func:`livemig.doctor.checks.check` needs; a one-line error only when
-    the daemon cannot be reached at all."""
+    the daemon cannot be reached at all. ``remote``: treat the host as one whose files
+    are not visible from here (None: find out from the URI)."""
     libvirt = libvirt_module()
     conn = open_uri(uri, "host")
     try:
@@ -117,11 +121,13 @@ def gather(uri: str, emulator: Path | None, tls_required: bool) -> HostFacts:
         kpath, kerr = _domcaps(conn, given, "kvm")
         if given is None and path is None:
             path, err = kpath, kerr
-        conf = local_config(uri)
+        conf = None if remote else local_config(uri)
         local = conf is not None
         qemu: QemuFacts | None = None
         if local and path is not None:
             qemu = probe(Path(path))
+        elif path is not None:
+            qemu = probe_remote(conn, path)
         tdir = tls_dir(conf) if conf is not None else None
         lacking = tuple(missing(Path(tdir), tuple(dict.fromkeys(SERVER_FILES + CLIENT_FILES)))
                         ) if tdir is not None else None
