@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from livemig.evacuate import run
 from livemig.evacuate.schedule import (
+    ENDING_S,
     MIGRATING,
     MIN_SHARE,
     Action,
@@ -232,6 +234,33 @@ def test_a_stream_that_ended_leaves_the_link_at_once() -> None:
     acts = decide(Snapshot(3.0, (replace(ended, sending=True), VmState(i0, MIGRATING, LINK),
                                  VmState(idle("q"))), LINKS, max_parallel=2))
     assert not [a for a in acts if isinstance(a, Start)]
+
+
+def test_a_heavy_vm_starts_while_the_last_stream_on_its_link_is_ending() -> None:
+    """The heavy VM waits for the link, but not for the last seconds of a stream: its
+    child's start, prepare and libvirt's setup use no link and overlap that tail. A
+    stream whose end is not known, or further off than ENDING_S, still holds it."""
+    h, b = hog("h"), busy("b", 20 * M)
+    for tail, starts in ((None, False), (ENDING_S + 5, False), (ENDING_S - 0.5, True)):
+        running = VmState(b, MIGRATING, LINK, progress=0.9, tail_s=tail)
+        acts = decide(Snapshot(0.0, (running, VmState(h)), LINKS))
+        assert [a.name for a in acts if isinstance(a, Start)] == (["h"] if starts else []), tail
+    # the ending stream keeps its part of the link until it ends: no cap on it
+    running = VmState(b, MIGRATING, LINK, progress=0.9, tail_s=1.0)
+    acts = decide(Snapshot(0.0, (running, VmState(h)), LINKS))
+    assert not [a for a in acts if a.name == "b" and a.bandwidth < LINK]
+    # in the plan too: the heavy one's stream still does not overlap the busy one's,
+    # and it starts before that stream ends
+    plan = simulate([b, h], LINKS)
+    assert not plan.share_link("b", "h")
+    assert plan.by_name("h").start < plan.by_name("b").stream[1]
+
+
+def test_tail_from_job_stats_reads_long_never_before_the_figures() -> None:
+    assert run.tail({}) is None
+    assert run.tail({"job": True, "remaining": 10 * M, "bps": 0}) is None
+    assert run.tail({"job": True, "remaining": 10 * M, "bps": 5 * M}) == 2.0
+    assert run.tail({"job": True, "sent": True, "remaining": 0, "bps": 5 * M}) is None
 
 
 def test_effective_rates_are_max_min_fair_under_the_caps() -> None:

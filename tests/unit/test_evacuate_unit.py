@@ -47,8 +47,13 @@ def test_facts_from_a_sample_and_without() -> None:
     s = Sample(looked=100, nonzero=25, kept=25, rewritten=5, interval=0.5,
                first={"zstd": Codec(3.0, 1e8), "plain": Codec(1.0, 1e9)},
                delta={"lz4": Codec(20.0, 1e9)})
+    # the sample's own dirty rate (5 of 25 kept pages rewritten in 0.5 s of 250 bytes
+    # non-zero: 100 bytes/s) when QEMU's calc-dirty-rate read less, QEMU's when more
     f = fleet.facts_from("a", 1000, 7.0, s)
-    assert (f.nonzero, f.ratio, f.resend_ratio, f.dirty_rate) == (250, 3.0, 20.0, 7.0)
+    assert (f.nonzero, f.ratio, f.resend_ratio, f.dirty_rate) == (250, 3.0, 20.0, 100.0)
+    assert fleet.facts_from("a", 1000, 300.0, s).dirty_rate == 300.0
+    few = Sample(looked=100, nonzero=25, kept=10, rewritten=5, interval=0.5)
+    assert fleet.facts_from("a", 1000, 7.0, few).dirty_rate == 7.0  # too few to read
     g = fleet.facts_from("a", 1000, 7.0, None)
     assert (g.nonzero, g.ratio, g.resend_ratio) == (1000, 1.0, 1.0)
 

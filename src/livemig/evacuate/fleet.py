@@ -24,7 +24,7 @@ from typing import Any
 
 from livemig.errors import LivemigError, UsageError
 from livemig.evacuate.schedule import SHARED_LINK, VmFacts
-from livemig.policy.encoding import Sample
+from livemig.policy.encoding import MIN_SAMPLES, Sample
 from livemig.sampling import given
 from livemig.sampling.base import SampleResult
 
@@ -114,12 +114,20 @@ def sample(conn: Any, dom: Any) -> tuple[SampleResult | None, str]:
 
 def facts_from(name: str, ram: int, dirty: float, s: Sample | None) -> VmFacts:
     """The scheduler's facts from a measurement; without a sample, every byte counts
-    and nothing compresses (the cautious guess)."""
+    and nothing compresses (the cautious guess). The dirty rate is the larger of
+    QEMU's ``calc-dirty-rate`` and the one the page sample shows (its kept pages
+    rewritten between its two looks, as the encoding model reads it): on the busy
+    fleet (docs/results/evacuate-2026-11-25b.md) QEMU's read 5-8 MiB/s for guests
+    the sample put at 12-14 MiB/s and libvirt's job statistics at 15-20 MiB/s once
+    they migrated."""
     if s is None:
         return VmFacts(name, ram, float(ram), dirty, DEFAULT_RATIO, DEFAULT_RATIO)
     ratio = _best(s.first) or DEFAULT_RATIO
     resend = _best(s.delta) or _best(s.resend) or ratio
-    return VmFacts(name, ram, ram * s.nonzero_share, dirty, ratio, resend)
+    nonzero = ram * s.nonzero_share
+    if s.kept >= MIN_SAMPLES and s.interval > 0:
+        dirty = max(dirty, nonzero * min(1.0, s.rewritten / s.kept) / s.interval)
+    return VmFacts(name, ram, nonzero, dirty, ratio, resend)
 
 
 def _best(codecs: dict[str, Any]) -> float | None:

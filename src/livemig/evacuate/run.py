@@ -160,7 +160,7 @@ class Evacuation:
             if v.status == QUEUED and now < v.not_before:
                 status = schedule.DONE  # waits for its retry: not the scheduler's yet
             states.append(VmState(v.facts, status, v.bandwidth, progress(v.live),
-                                  sending=not v.live.get("sent")))
+                                  sending=not v.live.get("sent"), tail_s=tail(v.live)))
         snap = schedule.Snapshot(now, tuple(states), self.o.links, self.o.max_parallel)
         by_name = {v.name: v for v in self.vms}
         n = self.o.fixed
@@ -299,6 +299,17 @@ def progress(live: dict[str, Any]) -> float:
     if not total:
         return 0.0
     return min(1.0, max(0.0, 1.0 - float(live.get("remaining") or 0) / total))
+
+
+def tail(live: dict[str, Any]) -> float | None:
+    """Seconds a running migration's stream should still take, from the source's job
+    statistics: what is left to send over the rate it sends at. Guest bytes over wire
+    bytes/s: compressed or zero pages make it read long, never short (a stream is
+    taken as ending late rather than early). None before the job's first figures."""
+    bps = float(live.get("bps") or 0)
+    if not live.get("job") or live.get("sent") or bps <= 0:
+        return None
+    return float(live.get("remaining") or 0) / bps
 
 
 def mib(bytes_per_s: float) -> int:

@@ -21,7 +21,9 @@ operator says they have their own):
 - queued VMs start in that order on each link, without overtaking (no starvation),
   while the reserves of the running ones plus its own fit in the link and fewer than
   ``max_parallel`` migrations start or send (one that has sent everything is only
-  finishing and counts for neither); the links take turns, least busy first;
+  finishing and counts for neither); the links take turns, least busy first; a
+  stream expected to end within ``ENDING_S`` (what a start costs before its first
+  byte) holds no room and is not capped, so the next start overlaps its tail;
 - caps are upper limits, under which TCP shares the link evenly (:func:`effective`:
   each stream gets the lesser of its cap and the even level of what is left). A cap
   below the link is set only where that even split would starve a VM of its reserve
@@ -59,6 +61,13 @@ OVERHEAD_S = 8.0
 # (docs/results/evacuate-2026-11-25.md): about 45 % before. Neither part uses the
 # link, which the plan's model (simulate) counts: the others' streams have it then.
 PRE_SHARE = 0.45
+# a stream expected to end within this many seconds is *ending*: it no longer holds
+# room on its link for what waits, so the next VM's child start, prepare and
+# libvirt's setup (the part of OVERHEAD_S before its stream, which uses no link)
+# overlap that tail instead of following it. On the busy fleet of 2026-11-25 a
+# heavy VM waited for the last stream on its link to end, then spent 2.5 s before
+# its first byte with that link idle (docs/results/evacuate-2026-11-25b.md).
+ENDING_S = PRE_SHARE * OVERHEAD_S
 # bandwidth changes smaller than this share are not sent (libvirt's cap is whole
 # MiB/s and each change is a call to the source daemon)
 CHANGE = 0.10
@@ -89,6 +98,13 @@ class VmState:
     bandwidth: float | None = None  # the cap it runs with (migrating)
     progress: float = 0.0  # share of its migration done (0..1), for the simulation
     sending: bool = True  # migrating and its stream not yet ended (it uses the link)
+    # seconds its stream is expected to go on (None: not known yet, e.g. first pass)
+    tail_s: float | None = None
+
+    @property
+    def ending(self) -> bool:
+        """Sending, and its stream ends within ``ENDING_S``."""
+        return self.sending and self.tail_s is not None and self.tail_s <= ENDING_S
 
 
 @dataclass(frozen=True)
@@ -156,17 +172,20 @@ def decide(s: Snapshot) -> list[Action]:
     # guest; libvirt's confirm, the check and the report are left): off its link and
     # out of max_parallel, so the next one's start overlaps that finish
     mine = {ln: [v for v in running if v.facts.link == ln and v.sending] for ln in s.links}
+    # room on a link is what the streams that are not ending leave (an ending one
+    # keeps its share of the link until it ends: it stays in the caps below)
+    holding = {ln: [v for v in vs if not v.ending] for ln, vs in mine.items()}
     queues = {ln: sorted((v for v in s.vms if v.status == QUEUED and v.facts.link == ln),
                          key=lambda v: order_key(v.facts, s.links[v.facts.link]))
               for ln in s.links}
     starting: dict[str, list[VmState]] = {ln: [] for ln in s.links}
-    used = {ln: sum(reserve(v.facts, s.links[ln]) for v in mine[ln]) for ln in s.links}
-    blocked = {ln for ln in s.links if any(heavy(v.facts, s.links[ln]) for v in mine[ln])}
+    used = {ln: sum(reserve(v.facts, s.links[ln]) for v in holding[ln]) for ln in s.links}
+    blocked = {ln for ln in s.links if any(heavy(v.facts, s.links[ln]) for v in holding[ln])}
     active = sum(1 for v in running if v.sending)
     # the links take turns (the least busy link's head first, then the best head), so
     # that one link's queue does not fill max_parallel while another link idles
     while active < s.max_parallel:
-        heads = [(len(mine[ln]) + len(starting[ln]),
+        heads = [(len(holding[ln]) + len(starting[ln]),
                   order_key(queues[ln][0].facts, s.links[ln]), ln) for ln in s.links
                  if queues[ln] and ln not in blocked]
         if not heads:
@@ -174,7 +193,7 @@ def decide(s: Snapshot) -> list[Action]:
         _, _, ln = min(heads)
         link, v = s.links[ln], queues[ln].pop(0)
         if heavy(v.facts, link):
-            if not mine[ln] and not starting[ln]:
+            if not holding[ln] and not starting[ln]:
                 starting[ln].append(v)
                 active += 1
             blocked.add(ln)  # a heavy VM runs alone: nothing after it starts beside it
@@ -189,7 +208,10 @@ def decide(s: Snapshot) -> list[Action]:
     out: list[Action] = []
     for ln, link in s.links.items():
         group = mine[ln] + starting[ln]
-        caps = split(link, [v.facts for v in group])
+        # an ending stream is not capped: what starts beside it sends nothing for
+        # its first ENDING_S (child start, prepare), and the tail should be done by then
+        caps = split(link, [v.facts for v in holding[ln] + starting[ln]])
+        caps.update({v.facts.name: link for v in mine[ln] if v.ending})
         gets = effective(link, caps)
         for v in mine[ln]:
             new = caps[v.facts.name]
@@ -363,7 +385,9 @@ def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 
         stream = {n: _estimate(states[n].facts, r).seconds for n, r in rate.items()}
         left = {v.facts.name: (1.0 - v.progress) * stream[v.facts.name]
                 if phase[v.facts.name] == "send" else wait[v.facts.name] for v in running}
-        dt = min(left.values())
+        # an event where a stream becomes ending (the scheduler may start the next)
+        dt = min([*left.values(), *(x - ENDING_S for n, x in left.items()
+                                    if phase[n] == "send" and x > ENDING_S + 1e-6)])
         t += dt
         for v in running:
             name = v.facts.name
@@ -376,12 +400,16 @@ def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 
                     phase[name], wait[name] = "post", (1.0 - PRE_SHARE) * OVERHEAD_S
                     states[name] = replace(v, progress=1.0, sending=False)
                 else:
-                    states[name] = replace(v, progress=v.progress + frac)
+                    states[name] = replace(v, progress=v.progress + frac,
+                                           tail_s=left[name] - dt)
             elif not done:
                 wait[name] -= dt
             elif phase[name] == "pre":
                 phase[name] = "send"
                 planned[name].stream = (t, t)
+                # its stream's length alone at its cap, until the next event's rates
+                states[name] = replace(v, tail_s=_estimate(
+                    v.facts, v.bandwidth or links[v.facts.link]).seconds)
             else:
                 states[name] = replace(v, status=DONE, progress=1.0, sending=False)
                 planned[name].end = t
