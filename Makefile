@@ -66,10 +66,11 @@ demo: setup
 	livemig migrate $(DEMO_ARGS)
 
 # lint-imports: the import contracts in pyproject.toml (the engine imports none of its
-# callers; the policies only policy, errors and units)
+# callers; the policies only policy, errors and units); mypy --strict on src
 lint: venv
 	$(BIN)/ruff check src tests
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 unit: venv
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
