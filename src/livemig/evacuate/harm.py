@@ -117,8 +117,12 @@ class FleetWatch:
         st = metrics.workload_stats(rates, base_from, start, end)
         beats = sorted(b for a in links for b in a.heartbeats)
         gap = metrics.longest_gap(beats, start, end)
+        # the rate over the window (s from its start, bytes/s), to see where work went
+        series = [[round(t - start, 2), round(r)]
+                  for t, r in metrics.rate_series(rates, start, end)]
         return {**st.as_dict(), "hosts": [a.name for a in links],
-                "guest_pause_ms": None if gap is None else round(gap.seconds * 1000.0, 1)}
+                "guest_pause_ms": None if gap is None else round(gap.seconds * 1000.0, 1),
+                "series": series}
 
     def summary(self, start: float, end: float) -> dict[str, Any]:
         """Every VM's harm and the fleet's: work lost summed and worst, the worst time
