@@ -36,6 +36,32 @@ def test_place_by_free_memory_largest_first() -> None:
     assert nowhere == ["big", "s2"] and set(where) == {"s1"}  # s2 no longer fits either
 
 
+def test_separate_links_place_a_heavy_vm_where_the_plan_ends_soonest() -> None:
+    """The busy fleet of docs/results/evacuate-2026-11-27.md (measured facts, two
+    100 Mbit/s links): balancing first-pass wire bytes put the whole-page writer
+    (heavy: it runs alone on its link) behind two others; placed by the plan's model
+    it shares its link with the idle guest only, and the plan ends 7 s sooner."""
+    link = 12.5e6
+    links = {"d1": link, "d2": link}
+    vms = [VmFacts("db0", 192 * M, 153510531, 13042399, 2.084, 28.729),
+           VmFacts("db2", 192 * M, 151806959, 8672566, 2.1, 33.597),
+           VmFacts("idle", 192 * M, 98724635, 748724, 2.29, 35.885),
+           VmFacts("db4", 192 * M, 152180943, 11865405, 2.084, 28.872),
+           VmFacts("pages", 192 * M, 152447459, 12356581, 2.058, 1.494)]
+    free = {"d1": 8 << 30, "d2": 8 << 30}
+    by_model, _ = fleet.place(vms, free, True, links, 6)
+    by_bytes, _ = fleet.place(vms, free, True)
+    assert by_bytes["pages"] == by_bytes["db2"] == by_bytes["idle"]  # as in the run
+    with_pages = {n for n, u in by_model.items() if u == by_model["pages"]}
+    assert with_pages == {"pages", "idle"}
+    t_model = simulate(fleet.with_links(vms, by_model, True), links, 6).total_s
+    t_bytes = simulate(fleet.with_links(vms, by_bytes, True), links, 6).total_s
+    assert t_model < t_bytes - 5.0  # negative control: the bytes rule is the slow one
+    # memory still decides where a VM can go at all
+    where, nowhere = fleet.place(vms, {"d1": 8 << 30, "d2": 300 * M}, True, links)
+    assert set(where.values()) == {"d1"} and nowhere == []
+
+
 def test_with_links() -> None:
     vms = [VmFacts("a", M, 1, 0)]
     assert fleet.with_links(vms, {"a": "d1"}, True)[0].link == "d1"

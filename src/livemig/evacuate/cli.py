@@ -152,10 +152,12 @@ def cmd_evacuate(a: argparse.Namespace) -> int:
     t_measure = time.monotonic()
     measured = fleet.measure(src, names, do_sample=not a.no_sample)
     measure_s = time.monotonic() - t_measure
-    where, nowhere = fleet.place([m.facts for m in measured], free, separate)
-    facts = fleet.with_links([m.facts for m in measured], where, separate)
     links = {u: link for u in dsts} if separate else {schedule.SHARED_LINK: link}
     fixed = int(a.scheduler.split(":")[1]) if a.scheduler != "livemig" else None
+    # a fixed-concurrency baseline places as before (wire bytes), not by livemig's plan
+    where, nowhere = fleet.place([m.facts for m in measured], free, separate,
+                                 links if fixed is None else None, a.max_parallel)
+    facts = fleet.with_links([m.facts for m in measured], where, separate)
     plan = schedule.simulate(facts, links, a.max_parallel,
                              None if fixed is None else schedule.fixed(fixed))
     print(_plan_text(plan, facts, where, nowhere, links, measured))
