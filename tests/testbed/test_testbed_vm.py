@@ -64,6 +64,26 @@ def test_disk_copy_turns_write_blocking_once_in_sync(tmp_path):
     assert ready and ready[0]["copy_mode"] == "write-blocking"
 
 
+def test_max_time_while_the_disk_copies_first_aborts_before_the_ram_starts(tmp_path):
+    # 256 MiB of data over 100 Mbit/s takes ~22 s: --max-time 5 stops the engine's
+    # monitor in its disk-first phase; migrate was never issued, the source runs on
+    r = run_migrate(tmp_path, "--memory", MEM, "--storage", "copy", "--disk-size", "256M",
+                    "--disk-fill", "mixed", "--link", "100mbit",
+                    "--workload", "idle+disk:bs=4K,rate=1M", "--set", "warmup=1",
+                    "--max-time", "5")
+    rep = r.report
+    assert r.rc == 3, rep.get("reason")
+    assert rep["outcome"] == "aborted"
+    assert rep["reason"] == "disk copy not done within --max-time 5s"
+    assert "migration started" not in r.proc.stderr
+    tl = rep["timeline"]  # the monitor's samples, every one before the RAM
+    assert len(tl) >= 5 and {s["status"] for s in tl} == {"disk-first"}
+    assert all(s["remaining_disk"] > 0 for s in tl) and tl[-1]["t"] > 5
+    assert not any(e["event"] == "disk mirror ready" for e in rep["events"])
+    assert rep["source_after"]["running"] is True
+    assert rep["source_after"]["workload_rate"] > 0
+
+
 def test_corrupted_destination_disk_block_is_named(tmp_path):
     offset = 0x345678
     r = run_migrate(tmp_path, "--memory", MEM, "--storage", "copy", "--disk-size", "64M",

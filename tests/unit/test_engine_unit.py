@@ -707,3 +707,137 @@ def test_a_postcopy_qemu_never_entered_leaves_the_runs_limits_in_force(monkeypat
     assert rec.outcome == "aborted" and "max-time" in (rec.reason or "")
     assert src.called("migrate_cancel") and src.status == "running"
     assert any(e.get("event") == "post-copy not entered" for e in rec.events)
+
+
+# -- disk first: one monitor loop holds migrate until the caller's disk copy is ready --
+class DiskFirst:
+    """A caller that copies its disk before the RAM: the copy is ready after
+    ``ready_after`` polls (never with None); records what the engine did and when."""
+
+    def __init__(self, ready_after: int | None, at_poll=lambda polls: None) -> None:
+        from livemig.engine.run import Hooks
+
+        outer = self
+
+        class _Hooks(Hooks):
+            async def start_disk_copy(self):
+                outer.started = True
+                return True
+
+            async def on_poll(self, now, obs):
+                outer.polls += 1
+                outer.statuses.append(obs.status)
+                at_poll(outer.polls)
+                return {"remaining_disk": outer.obs()["remaining"]}
+
+            def disk_observation(self):
+                return outer.obs() if outer.polls else None
+
+            async def before_ram(self):
+                outer.polls_at_migrate = outer.polls
+
+            async def after_failure(self):
+                outer.abandoned = True
+
+        self.hooks = _Hooks()
+        self.ready_after = ready_after
+        self.started = self.abandoned = False
+        self.polls = 0
+        self.polls_at_migrate: int | None = None
+        self.statuses: list[str] = []
+
+    def obs(self) -> dict:
+        left = 1 << 20 if self.ready_after is None else max(0, self.ready_after - self.polls)
+        ready = self.ready_after is not None and self.polls >= self.ready_after
+        return {"remaining": left << 16, "total": 64 << 20, "ready": ready}
+
+
+def _bounded(engine: Engine):
+    """A run that must end (a loop that never would fails the test, not the machine)."""
+    return asyncio.run(asyncio.wait_for(engine.run(), 20))
+
+
+def _snapshots(monkeypatch) -> list:
+    """The snapshots the policy executor is ticked with."""
+    from livemig.engine.executor import PolicyExecutor
+
+    seen = []
+    tick = PolicyExecutor.tick
+
+    async def spy(self, s):
+        seen.append(s)
+        return await tick(self, s)
+
+    monkeypatch.setattr(PolicyExecutor, "tick", spy)
+    return seen
+
+
+def test_disk_first_gate_holds_migrate_until_the_disk_is_ready(monkeypatch):
+    src, dst = _completed_ends()
+    real = src.cmd
+
+    async def incoming_done(command, **args):  # a ping-pong source: it was migrated in
+        if command == "query-migrate" and not src.migrating:
+            return {"status": "completed"}
+        return await real(command, **args)
+
+    src.cmd = incoming_done  # type: ignore[method-assign]
+    seen = _snapshots(monkeypatch)
+    disk = DiskFirst(ready_after=4)
+    plan = Plan(URI, settings=(("downtime-ramp", "on"), *FAST), profile="defaults")
+    rec = _bounded(Engine(src, dst, plan.validate(), hooks=disk.hooks))
+    assert rec.outcome == "completed", rec.reason
+    # migrate was issued from the loop at the tick the disk said ready, not before
+    assert disk.polls_at_migrate == 4 and len(src.called("migrate")) == 1
+    names = [c for c, _ in src.log]
+    # no query-migrate while the disk copied: the incoming "completed" is not this one
+    assert "query-migrate" not in names[:names.index("migrate")]
+    assert disk.statuses[:4] == ["disk-first"] * 4 and disk.statuses[4] != "disk-first"
+    # the same timeline and policy tick: disk-only snapshots, remaining_disk sampled
+    first = rec.timeline[:4]
+    assert [s["status"] for s in first] == ["disk-first"] * 4
+    assert [s["remaining_disk"] for s in first] == [3 << 16, 2 << 16, 1 << 16, 0]
+    assert [(s.disk_remaining, s.disk_ready, s.ram_total) for s in seen[:4]] == [
+        (3 << 16, False, 0), (2 << 16, False, 0), (1 << 16, False, 0), (0, True, 0)]
+    assert rec.t_migrate is not None and rec.t_ram is not None and rec.t_ram > rec.t_migrate
+
+
+@pytest.mark.parametrize("stop", ["max-time", "interrupt", "policy", "destination"])
+def test_disk_first_stopped_before_migrate_leaves_the_source_running(stop, monkeypatch):
+    from livemig.engine.decision import Verdict
+
+    src, dst = ends()
+    ev = asyncio.Event()
+
+    def at_poll(polls: int) -> None:  # Ctrl-C, or the destination dies, at the 3rd poll
+        if stop == "interrupt" and polls >= 3:
+            ev.set()
+        if stop == "destination" and polls >= 3:
+            dst.dead = True
+
+    disk = DiskFirst(ready_after=None, at_poll=at_poll)  # the first pass never ends
+    max_time = 0.05 if stop == "max-time" else None
+    sets: tuple = FAST
+    if stop == "policy":
+        sets = (("downtime-ramp", "on"), *FAST)
+
+        async def give_up(self, s):
+            return Verdict(Decision.CANCEL, "io-qos gave up") if s.t > 0.03 else \
+                Verdict(Decision.CONTINUE)
+
+        monkeypatch.setattr("livemig.engine.executor.PolicyExecutor.tick", give_up)
+    before = (dict(src.caps), dict(src.params))
+    plan = Plan(URI, settings=sets, profile="defaults", max_time=max_time).validate()
+    rec = _bounded(Engine(src, dst, plan, hooks=disk.hooks, interrupt=ev))
+    want = {"max-time": ("aborted", "disk copy not done within --max-time 0.05s"),
+            "interrupt": ("aborted", "interrupted"),
+            "policy": ("aborted", "io-qos gave up"),
+            "destination": ("failed", "destination QEMU is gone (dst)")}[stop]
+    assert (rec.outcome, rec.reason) == want
+    assert not src.called("migrate") and not src.called("migrate_cancel")
+    assert disk.polls >= 2 and set(disk.statuses) == {"disk-first"}
+    assert disk.abandoned  # the caller's copy is given up
+    assert src.status == "running" and rec.source_after == {"running": True,
+                                                            "status": "running"}
+    assert (src.caps, src.params) == before and not dst.called("cont")
+    assert rec.t_migrate is not None and rec.t_ram is None

@@ -10,6 +10,16 @@ reports a terminal state. Once the migration is in post-copy nothing cancels it 
 destination runs the guest, the source holds the pages it still lacks: a cancel
 would lose the guest), and ``on_postcopy`` (the engine's: resume the destination)
 runs at each poll until it says it is done.
+
+When the caller copies its disk before the RAM (``start_ram`` given), the loop
+begins in a disk-first phase: there is no migration yet, so QEMU is not asked
+(a source that was itself migrated in reports that incoming one as completed);
+each tick observes the caller's disk copy (``on_poll``, ``disk_observation``), feeds
+the timeline and the progress line, ticks the policies with a disk-only snapshot and
+applies the same limits (``--max-time``, Ctrl-C, a dead destination), and at the tick
+the disk observation says ``ready`` issues ``migrate`` (``start_ram``). Stopped before
+that, the loop returns ``cancelled`` with nothing to cancel in QEMU; the engine
+rolls back (the caller abandons its copy, the source runs on).
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from typing import Any, Protocol
 from livemig.engine.decision import CONTINUE, Decision, Verdict
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
-from livemig.engine.observe import Observation
+from livemig.engine.observe import DISK_FIRST, Observation
 from livemig.engine.stall import StallWatch, SwitchoverWatch
 from livemig.errors import VMError
 from livemig.policy.base import Snapshot
@@ -79,7 +89,8 @@ class Monitor:
                  release: Callable[[], Awaitable[None]] | None = None,
                  on_tick: Callable[[], None] | None = None,
                  switchover: SwitchoverWatch | None = None,
-                 on_postcopy: Callable[[], Awaitable[bool]] | None = None) -> None:
+                 on_postcopy: Callable[[], Awaitable[bool]] | None = None,
+                 start_ram: Callable[[], Awaitable[None]] | None = None) -> None:
         self.src = src
         self.dst = dst
         self.events = events
@@ -100,6 +111,8 @@ class Monitor:
         self.postcopy_done = False  # on_postcopy said the destination runs
         self.postcopy_noted = False  # a stop asked in post-copy was said once
         self.postcopy_asked: float | None = None  # when migrate-start-postcopy was issued
+        # disk first: issues ``migrate`` once the disk copy is ready (None: RAM started)
+        self.start_ram = start_ram
 
     async def run(self) -> Terminal:
         start = time.monotonic()
@@ -110,18 +123,24 @@ class Monitor:
             now = time.time()
             if self.on_tick is not None:
                 self.on_tick()
-            obs = Observation.parse(now - self.t_migrate, await self._query())
+            info = ({"status": DISK_FIRST} if self.start_ram is not None  # no migration yet
+                    else await self._query())
+            obs = Observation.parse(now - self.t_migrate, info)
             sample = {**obs.sample(), **await self.hooks.on_poll(now, obs)}
             self.timeline.append(sample)
             self.events.sample(obs.t, sample)
-            if obs.terminal:
+            if self.start_ram is not None:
+                stop = await self._disk_first(obs)
+                if stop is not None:
+                    return Terminal("cancelled", {}, stop)
+            elif obs.terminal:
                 why = cancelled_for if obs.status == "cancelled" else \
                     self.yanked if obs.status == "failed" else None
                 return Terminal(obs.status, await self.src.cmd("query-migrate"), why)
-            if obs.status == "pre-switchover" and not cancelled_for \
+            elif obs.status == "pre-switchover" and not cancelled_for \
                     and await self.hooks.pre_switchover():
                 continue
-            if obs.status.startswith("postcopy"):
+            elif obs.status.startswith("postcopy"):
                 await self._postcopy(obs)
             elif cancelled_for is None:
                 verdict = await self._decide(obs)
@@ -219,22 +238,53 @@ class Monitor:
             self.events.event("post-copy not entered", after_s=round(
                 obs.t - self.postcopy_asked, 1))
             self.postcopy_asked = None  # refused: a pre-copy like any other again
-        if self.interrupt.is_set():
-            return Verdict(Decision.CANCEL, "interrupted")
-        if self.max_time and obs.t > self.max_time:
-            return Verdict(Decision.CANCEL,
-                           f"did not converge within --max-time {self.max_time:g}s")
+        limit = self._limits(obs, "did not converge")
+        if limit:
+            return Verdict(Decision.CANCEL, limit)
         disk = self.hooks.disk_observation() or {}
         stalled = self.stall.feed(time.monotonic(), obs.status, obs.transferred,
                                   disk.get("remaining"))
         if stalled:
             return Verdict(Decision.CANCEL, stalled)
+        self._check_destination()
+        return verdict
+
+    async def _disk_first(self, obs: Observation) -> str | None:
+        """One tick while the RAM waits for the disk copy: the policies on a disk-only
+        snapshot (IO QoS acts during the first pass), the run's limits, then the gate:
+        ``migrate`` is issued at the tick the disk observation says ``ready``. The
+        reason to stop, or None."""
+        disk = self.hooks.disk_observation()
+        p = self.policies
+        if p is not None and p.active:
+            verdict = await p.tick(obs.snapshot(disk))
+            if verdict.decision is Decision.CANCEL:  # a policy gave up on the disk copy
+                return verdict.reason
+        limit = self._limits(obs, "disk copy not done")
+        if limit:
+            return limit
+        self._check_destination()
+        start = self.start_ram
+        if disk and disk.get("ready") and start is not None:
+            self.start_ram = None  # from the next tick on: the migration's own loop
+            await start()
+        return None
+
+    def _limits(self, obs: Observation, what: str) -> str | None:
+        """Ctrl-C and ``--max-time``: why to stop, or None."""
+        if self.interrupt.is_set():
+            return "interrupted"
+        if self.max_time and obs.t > self.max_time:
+            return f"{what} within --max-time {self.max_time:g}s"
+        return None
+
+    def _check_destination(self) -> None:
+        """A destination that died fails the migration."""
         dead = self.hooks.destination_dead()
         if dead:
             raise VMError(dead)
         if self.dst is not None and not self.dst.alive():
             raise VMError(f"destination QEMU is gone ({self.dst.name})")
-        return verdict
 
     async def _wait_until(self, deadline: float) -> None:
         """Sleep until the absolute ``deadline``, or a MIGRATION status event."""

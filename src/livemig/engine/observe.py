@@ -12,6 +12,8 @@ from typing import Any
 from livemig.policy.base import Snapshot
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
+# not QEMU's: the monitor's status while the RAM waits for the caller's disk copy
+DISK_FIRST = "disk-first"
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,12 @@
 
 Phases (libvirt's naming, one method each)::
 
-    negotiate ─▶ incoming ─▶ migrate ─▶ monitor ─┬▶ switchover ─▶ verify ─▶ resume
-                                                 └▶ cancelled / failed ─▶ source runs on
+    negotiate ─▶ incoming ─▶ [disk first ─▶] migrate ─▶ monitor ─┬▶ switchover ─▶ verify ─▶ resume
+                                                            └▶ cancelled / failed ─▶ source runs on
+
+One loop (:class:`Monitor`) from the start of the migration: when the caller copies
+its disk first, the monitor starts before ``migrate`` and issues it at the tick the
+copy is ready; otherwise ``migrate`` is issued and the monitor follows it.
 
 Rollback rule: until the destination has been resumed, the source is the VM.
 Whatever goes wrong before that point, the source is left (or put back) running;
@@ -67,8 +71,14 @@ class Hooks:
     async def warmup(self) -> None:
         return None
 
+    async def start_disk_copy(self) -> bool:
+        """The migration starts (``t_migrate``): start the caller's disk copy, if any.
+        True: disk first, ``migrate`` waits until :meth:`disk_observation` says
+        ``ready`` (the monitor looks at each tick); False: the RAM starts at once."""
+        return False
+
     async def before_ram(self) -> None:
-        """``migrate`` is about to be issued (the lab copies the disk first)."""
+        """``migrate`` is about to be issued (a disk copied first is ready)."""
 
     async def on_poll(self, now: float, obs: Observation) -> dict[str, Any]:
         return {}
@@ -187,10 +197,7 @@ class Engine:
         self.events.event("phase migrating")
         self.cpu["source_before"] = proc_cpu(self.src.pid)
         self.s.t_migrate = time.time()
-        await self.hooks.before_ram()
-        self.s.t_ram = time.time()
-        await self.src.cmd("migrate", uri=p.uri)
-        self.events.say("migration started")
+        disk_first = await self.hooks.start_disk_copy()
         mon = Monitor(self.src, self.events, float(self.neg.resolved.livemig["poll-interval"]),
                       self.s.t_migrate, p.max_time, self.interrupt, self.executor,
                       self.hooks, self.timeline, dst=self.dst,
@@ -198,8 +205,13 @@ class Engine:
                       release=self._release_controls,
                       on_tick=self.pinner.apply if self.pinner is not None else None,
                       switchover=self._switchover_watch(),
-                      on_postcopy=self._postcopy_resume)
+                      on_postcopy=self._postcopy_resume,
+                      start_ram=self._start_ram if disk_first else None)
+        if not disk_first:
+            await self._start_ram()
         end = await mon.run()
+        if self.s.t_ram is None:  # stopped while the disk copied first: no migrate issued
+            raise Interrupted(end.cancelled_for or "cancelled")
         self.s.final = end.info
         await self._release_controls()
         if end.status == "completed":
@@ -210,6 +222,13 @@ class Engine:
         else:
             raise VMError(f"migration {end.status}: "
                           f"{end.cancelled_for or end.info.get('error-desc', '?')}")
+
+    async def _start_ram(self) -> None:
+        """``migrate``: the RAM starts (from the monitor's loop when the disk went first)."""
+        await self.hooks.before_ram()
+        self.s.t_ram = time.time()
+        await self.src.cmd("migrate", uri=self.plan.uri)
+        self.events.say("migration started")
 
     async def _postcopy_resume(self) -> bool:
         """Post-copy began: the destination (started with ``-S``, as every

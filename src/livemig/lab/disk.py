@@ -12,21 +12,19 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from livemig.engine.events import EventStream
-from livemig.engine.run import Interrupted
 from livemig.errors import VMError
 from livemig.lab.leftovers import RunState
 from livemig.lab.storage import DiskMirror, blockstats
 from livemig.lab.vm import VM, Disk
-from livemig.policy.base import Snapshot
 from livemig.policy.disk import choose_granularity
 from livemig.spec import Workload
 
-Tick = Callable[[Snapshot], Awaitable[Any]]
+CATCH_UP_POLL_S = 0.1  # the frozen guest's wait for the mirror (downtime: poll often)
 
 
 def make_images(workload: Workload, storage: str, run_dir: Path, size_default: int,
@@ -108,7 +106,11 @@ class DiskCopy:
 
     async def poll(self, now: float) -> None:
         assert self.mirror is not None
-        self.job = await self.mirror.poll()
+        first_pass = self.mirror.stats.ready_at is None
+        self.job = job = await self.mirror.poll()
+        if first_pass and job is not None and self.mirror.stats.ready_at is not None:
+            self.events.event("disk mirror ready", offset=job["offset"], len=job["len"],
+                              copy_mode=self.mirror.mode_now)
         await self.observe(now)
 
     async def observe(self, now: float) -> None:
@@ -127,10 +129,23 @@ class DiskCopy:
         self._prev = (now, int(job["len"]), written)
         self.obs = obs
 
-    async def wait_ready(self, t_migrate: float, max_time: float | None,
-                         tick: Tick | None, check: Callable[[], None]) -> None:
-        """Disk first: RAM waits until the mirror's first full pass is done. The disk
-        policies (IO QoS) already act here through ``tick`` (None: guest frozen)."""
+    async def switchover(self, check: Callable[[], None]) -> None:
+        """QEMU paused at pre-switchover: finish the mirror, then let RAM complete."""
+        assert self.mirror is not None and self.src.qmp is not None
+        self.say("guest frozen: finishing the disk mirror before the switchover")
+        if self.mirror.stats.ready_at is None:  # concurrent: RAM was done first
+            await self._catch_up(check)
+        await self.mirror.finish(self.src.qmp)
+        self.events.event("disk mirror finished", **self.mirror.stats.as_report())
+        await self.src.cmd("migrate-continue", state="pre-switchover")
+
+    async def _catch_up(self, check: Callable[[], None]) -> None:
+        """Concurrent schedule, RAM done before the mirror's first pass: wait for it
+        with the guest frozen. A wait of its own, not the engine monitor's ticks (which
+        hold ``migrate`` while a disk copied first is not ready): here the monitor is
+        itself waiting in its pre-switchover hook, every moment is guest downtime (so
+        this polls at ``CATCH_UP_POLL_S``, not at the monitor's period), and no policy
+        has anything to act on (the frozen guest writes nothing, no RAM moves)."""
         assert self.mirror is not None
         last_report = 0.0
         while True:
@@ -138,31 +153,15 @@ class DiskCopy:
             await self.poll(now)
             job = self.job
             assert job is not None
-            if tick is not None:
-                await tick(Snapshot.from_query_migrate(now - t_migrate, {}, self.obs))
             if job.get("ready"):
-                self.events.event("disk mirror ready", offset=job["offset"], len=job["len"],
-                                  copy_mode=self.mirror.mode_now)
                 return
             if now - last_report >= 1.0:
                 last_report = now
                 self.say(f"disk: {job['offset'] >> 20} of {job['len'] >> 20} MiB copied")
             check()
-            if max_time and now - t_migrate > max_time:
-                raise Interrupted(f"disk copy not done within --max-time {max_time:g}s")
             if not self.dst.alive():
                 raise VMError(f"destination QEMU died: {self.dst.log_tail()}")
-            await asyncio.sleep(0.1)
-
-    async def switchover(self, t_migrate: float, check: Callable[[], None]) -> None:
-        """QEMU paused at pre-switchover: finish the mirror, then let RAM complete."""
-        assert self.mirror is not None and self.src.qmp is not None
-        self.say("guest frozen: finishing the disk mirror before the switchover")
-        if self.mirror.stats.ready_at is None:  # concurrent: RAM was done first
-            await self.wait_ready(t_migrate, None, None, check)
-        await self.mirror.finish(self.src.qmp)
-        self.events.event("disk mirror finished", **self.mirror.stats.as_report())
-        await self.src.cmd("migrate-continue", state="pre-switchover")
+            await asyncio.sleep(CATCH_UP_POLL_S)
 
 
 def fill_image(path: Path, size: int) -> None:

@@ -29,7 +29,6 @@ from livemig import metrics, paths, private
 from livemig.attach import run_attach
 from livemig.engine.actuator import DiskTargets
 from livemig.engine.adapt import Adapted, Hints, adapt
-from livemig.engine.decision import Decision
 from livemig.engine.events import EventStream, progress_listener
 from livemig.engine.observe import Observation
 from livemig.engine.plan import Plan
@@ -47,7 +46,6 @@ from livemig.lab.service import ServiceRun
 from livemig.lab.storage import GUEST_DISK, DiskMirror
 from livemig.lab.storage import JOB as MIRROR_JOB
 from livemig.lab.vm import VM, Disk, VMConfig
-from livemig.policy.base import Snapshot
 from livemig.progress import Progress
 from livemig.ramcheck import gpa_to_offset
 from livemig.report import LabFacts, build_report
@@ -307,19 +305,22 @@ class LabRun(Hooks):
         assert self.src is not None
         self.src.sample_threads()
 
-    async def before_ram(self) -> None:
+    async def start_disk_copy(self) -> bool:
+        """The migration starts: with ``--storage copy`` the mirror starts; disk first
+        (``disk-schedule=first|libvirt``), the engine's monitor holds ``migrate`` until
+        the mirror's first pass is done (:meth:`disk_observation` says ready)."""
         assert self.engine is not None
-        self.t_migrate = self.engine.s.t_migrate
-        if self.opts.storage == "copy":
-            assert self.src is not None and self.dst is not None
-            assert self.t_migrate is not None
-            self.copy = DiskCopy(self.src, self.dst, topology.MIG_ADDR[self.opts.dst_host],
-                                 self.livemig, self.events, self.progress.step,
-                                 tls=self.engine.plan.tls is not None)
-            await self.copy.start()
-            if self.livemig["disk-schedule"] in ("first", "libvirt"):
-                await self.copy.wait_ready(self.t_migrate, self.opts.max_time,
-                                           self._policy_tick(), self._check_interrupt)
+        self.t_migrate = self.engine.s.t_migrate  # the guest's baseline ends here
+        if self.opts.storage != "copy":
+            return False
+        assert self.src is not None and self.dst is not None
+        self.copy = DiskCopy(self.src, self.dst, topology.MIG_ADDR[self.opts.dst_host],
+                             self.livemig, self.events, self.progress.step,
+                             tls=self.engine.plan.tls is not None)
+        await self.copy.start()
+        return self.livemig["disk-schedule"] in ("first", "libvirt")
+
+    async def before_ram(self) -> None:
         if self.opts.testbed and not self.switches:  # packets to/from the guest so far
             self.network["tap_packets_at_migration"] = \
                 topology.tap_counters(self.opts.src_host)
@@ -353,22 +354,8 @@ class LabRun(Hooks):
     async def pre_switchover(self) -> bool:
         if self.copy is None or self.disk is None or not self.disk.active:
             return False
-        assert self.t_migrate is not None
-        await self.copy.switchover(self.t_migrate, self._check_interrupt)
+        await self.copy.switchover(self._check_interrupt)
         return True
-
-    def _policy_tick(self) -> Any:
-        """The disk policies act while the disk copies before RAM (IO QoS)."""
-        c = self.engine.executor if self.engine is not None else None
-        if c is None or not c.active or self.src is None:
-            return None
-
-        async def tick(snap: Snapshot) -> None:
-            v = await c.tick(snap)
-            if v.decision is Decision.CANCEL:  # a policy gave up while the disk copies
-                raise Interrupted(v.reason)
-
-        return tick
 
     @property
     def disk(self) -> DiskMirror | None:
