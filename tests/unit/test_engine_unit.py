@@ -802,7 +802,7 @@ def test_disk_first_gate_holds_migrate_until_the_disk_is_ready(monkeypatch):
     assert rec.t_migrate is not None and rec.t_ram is not None and rec.t_ram > rec.t_migrate
 
 
-@pytest.mark.parametrize("stop", ["max-time", "interrupt", "policy", "destination"])
+@pytest.mark.parametrize("stop", ["max-time", "interrupt", "policy", "destination", "stall"])
 def test_disk_first_stopped_before_migrate_leaves_the_source_running(stop, monkeypatch):
     from livemig.engine.decision import Verdict
 
@@ -818,6 +818,8 @@ def test_disk_first_stopped_before_migrate_leaves_the_source_running(stop, monke
     disk = DiskFirst(ready_after=None, at_poll=at_poll)  # the first pass never ends
     max_time = 0.05 if stop == "max-time" else None
     sets: tuple = FAST
+    if stop == "stall":  # the copy stands still (a dead link): the stall watchdog
+        sets = (*FAST, ("stall-timeout", "0.1"))
     if stop == "policy":
         sets = (("downtime-ramp", "on"), *FAST)
 
@@ -832,8 +834,12 @@ def test_disk_first_stopped_before_migrate_leaves_the_source_running(stop, monke
     want = {"max-time": ("aborted", "disk copy not done within --max-time 0.05s"),
             "interrupt": ("aborted", "interrupted"),
             "policy": ("aborted", "io-qos gave up"),
-            "destination": ("failed", "destination QEMU is gone (dst)")}[stop]
-    assert (rec.outcome, rec.reason) == want
+            "destination": ("failed", "destination QEMU is gone (dst)"),
+            "stall": ("aborted", None)}[stop]
+    if stop == "stall":
+        assert rec.outcome == "aborted" and rec.reason.startswith("stalled"), rec.reason
+    else:
+        assert (rec.outcome, rec.reason) == want
     assert not src.called("migrate") and not src.called("migrate_cancel")
     assert disk.polls >= 2 and set(disk.statuses) == {"disk-first"}
     assert disk.abandoned  # the caller's copy is given up

@@ -263,6 +263,13 @@ class Monitor:
         limit = self._limits(obs, "disk copy not done")
         if limit:
             return limit
+        # a dead link stops the copy: the bytes copied stand still (the remainder may
+        # still grow with the guest's writes)
+        copied = (int(disk["total"]) - int(disk["remaining"])
+                  if disk and "total" in disk and "remaining" in disk else None)
+        stalled = self.stall.feed(time.monotonic(), obs.status, copied)
+        if stalled:
+            return stalled
         self._check_destination()
         start = self.start_ram
         if disk and disk.get("ready") and start is not None:

@@ -7,7 +7,8 @@ bytes sent (``ram.transferred``) nor the disk copy's remainder change for
 ``stall-timeout`` seconds, the monitor cancels the migration, as ``--max-time``
 would, and the throttle goes with it.
 
-Only ``setup`` and ``active`` are watched by :class:`StallWatch`: ``pre-switchover``
+Only ``setup`` and ``active`` (and the monitor's disk-first phase, where the disk
+copy's bytes copied are watched) are watched by :class:`StallWatch`: ``pre-switchover``
 is the lab's own disk hand-over, and post-copy cannot be cancelled. In ``device``
 (stop-and-copy) QEMU holds its main lock and does not answer QMP until the send
 returns, and ``migrate_cancel`` would wait for that lock too: a dead link there
@@ -38,9 +39,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from livemig.engine.observe import DISK_FIRST
 from livemig.engine.sockstat import LinkState
 
-WATCHED = frozenset({"setup", "active"})
+# the monitor's disk-first phase too: a copy whose bytes stop is a dead link as well
+WATCHED = frozenset({"setup", "active", DISK_FIRST})
 
 
 @dataclass
