@@ -45,19 +45,28 @@ switchover.
 Output in ``--out DIR``: ``runs/FAMILY-CONFIG-N.json`` (one run: the figures, the
 agent's rate trace, the report's essentials) and ``runs/...report.json`` (livemig's
 report) and ``.log`` (its output), ``handstarted.json`` (every run, the medians) and
-``summary.md`` (a table per family: each configuration's medians and ratios to the best
-stock configuration = most completed runs, then shortest median time among
-``upstream``/``upstream-xbzrle``).
+``summary.md`` (issue #20's table: per family the best stock configuration = most
+completed runs, then shortest median time among ``upstream``/``upstream-xbzrle``, and
+livemig and livemig@stock against it; then a table per family with every
+configuration's medians and ratios, and each run on one line with what makes it
+suspect, if anything).
 
-Run it (root, built tree: ``make qemu qemu-upstream guest``; boots VMs, so under the
-VM lock on shared machines; 3 repeats x 4 configurations x 2 families is about 40-60
-minutes on 2 cores)::
+Run it as root in a built tree (``make qemu qemu-upstream guest``). A run takes about
+30-45 s on 2 cores (boot, 6 s warm-up, the migration, 3 s tail), so the full 3 repeats
+x 4 configurations x 2 families about 15 minutes. On a shared machine take the VM
+lock one repeat at a time (``--resume`` keeps what is done; ``--repeats N`` runs
+repeats 1..N, so the interleaving is kept)::
 
-    flock /tmp/livemig-vm.lock python3 bench/handstarted.py --repeats 3 --out DIR
+    for n in 1 2 3; do
+        flock /tmp/livemig-vm.lock python3 bench/handstarted.py --repeats $n --out DIR --resume
+    done
     python3 bench/handstarted.py --repeats 1 --out DIR --families pages \\
         --configs upstream,livemig        # a smaller run
-    python3 bench/handstarted.py --repeats 3 --out DIR --resume   # keep finished runs
-    python3 bench/handstarted.py --out DIR --summarize            # tables only
+    python3 bench/handstarted.py --out DIR --summarize   # the tables again, from the
+                                                         # kept traces and reports
+
+(``PYTHONPATH=src`` or the project's venv, so that ``livemig`` imports; the migration
+runs ``python -m livemig.cli`` of the same checkout.)
 """
 
 from __future__ import annotations
@@ -557,20 +566,6 @@ def family_markdown(family: str, summary: dict[str, dict[str, Any]],
                      + f" | {_cell(row['verify_hold_ms'], None, '.3g')}"
                      f" | {_cell(row['normal_rate_mib_s'], None, '.0f')}"
                      f" | {', '.join(row['encoding'])} |")
-    if base and "livemig" in summary:
-        lm, b = summary["livemig"], summary[base]
-
-        def ratio(k: str) -> str:
-            return f"{lm[k] / b[k]:.2f}×" if lm[k] is not None and b[k] else "-"
-
-        lines += ["", "As issue #20's table: best stock "
-                  f"{base} {_cell(b['total_time_s'], None, '.3g')} s, "
-                  f"{_cell(b['ram_mib'], None, '.0f')} MiB; livemig (patched): time "
-                  f"{ratio('total_time_s')}, bytes {ratio('ram_mib')}, work lost "
-                  f"{_cell(lm['work_lost_s'], None, '.3g')} s vs "
-                  f"{_cell(b['work_lost_s'], None, '.3g')} s, time below 10 % "
-                  f"{_cell(lm['seconds_below_10pct'], None, '.3g')} s vs "
-                  f"{_cell(b['seconds_below_10pct'], None, '.3g')} s."]
     lines += ["", "Each run (time s / RAM MiB / work lost s / < 10 % s / longest pause ms "
               "at s after the command / switchover pause ms / max throttle % / encoding):",
               ""]
@@ -604,6 +599,39 @@ def _warnings(r: dict[str, Any]) -> str:
     return f" — **{'; '.join(w)}**" if w else ""
 
 
+def _against(summary: dict[str, dict[str, Any]], base: str, config: str, k: str,
+             ratio: bool) -> str:
+    row, b = summary.get(config), summary[base]
+    if row is None or row[k] is None or (ratio and not b[k]):
+        return "-"
+    return f"{row[k] / b[k]:.2f}×" if ratio else f"{row[k]:.3g} s vs {b[k]:.3g} s"
+
+
+def issue_table(sums: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """Issue #20's table: per family the best stock configuration, and livemig (patched)
+    and livemig@stock against it."""
+    lines = ["| guest | best stock: time s / MiB / work lost s / < 10 % s | livemig: time "
+             "| bytes | work lost | time below 10 % | livemig@stock: time | bytes | work "
+             "lost |", "|---" * 9 + "|"]
+    for family, summary in sums.items():
+        base = best_stock(summary)
+        if base is None:
+            continue
+        b = summary[base]
+        cells = [_against(summary, base, c, k, ratio=r) for c, k, r in (
+            ("livemig", "total_time_s", True), ("livemig", "ram_mib", True),
+            ("livemig", "work_lost_s", False), ("livemig", "seconds_below_10pct", False),
+            ("livemig@stock", "total_time_s", True), ("livemig@stock", "ram_mib", True),
+            ("livemig@stock", "work_lost_s", True))]
+        lines.append(
+            f"| {family}: {FAMILIES[family][1]} | {base} "
+            + " / ".join(_cell(b[k], None, f) for k, f in (
+                ("total_time_s", ".3g"), ("ram_mib", ".0f"), ("work_lost_s", ".3g"),
+                ("seconds_below_10pct", ".3g"))) + " | "
+            + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_summary(out: Path, runs: list[dict[str, Any]]) -> str:
     parts = ["## Hand-started VMs through `livemig migrate --src-qmp --dst-qmp`", "",
              "Stock profiles and `livemig@stock` on the unpatched build, `livemig` on the "
@@ -621,6 +649,7 @@ def write_summary(out: Path, runs: list[dict[str, Any]]) -> str:
             continue
         sums[family] = summarize(mine)
         parts.append(family_markdown(family, sums[family], mine))
+    parts.insert(4, issue_table(sums))
     md = "\n".join(parts)
     (out / "summary.md").write_text(md)
     slim = [{k: v for k, v in r.items() if k != "trace"} for r in runs]
