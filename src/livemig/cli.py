@@ -11,22 +11,22 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from livemig import __version__, qemucaps
 from livemig.accel import choose_accel
 from livemig.engine.plan import DEFAULT_MAX_TIME_S, Plan
 from livemig.errors import FaultInjectionRefused, LivemigError, UsageError
-from livemig.lab import qemutrace
-from livemig.lab.leftovers import reap
-from livemig.lab.net import parse_net
-from livemig.lab.run import FAULT_KINDS, Fault, LabRun, MigrateOptions
 from livemig.paths import default_qemu, ensure_root, require_file
 from livemig.progress import Progress
 from livemig.report import build_report, summary, write_report
 from livemig.settings import LIVEMIG_SETTINGS, PROFILES, merge, parse_sets
 from livemig.spec import parse_workload
 from livemig.units import parse_link_rate, parse_size
+
+if TYPE_CHECKING:  # the lab is imported where a lab run needs it: `migrate --domain`
+    # and attach children (an evacuation starts one per VM) start without it
+    from livemig.lab.run import Fault, LabRun, MigrateOptions
 
 EXIT_ABORTED = 3
 EXIT_MISMATCH = 4
@@ -279,10 +279,14 @@ def _trace_events(names: list[str]) -> tuple[str, ...]:
     bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_*]{1,80}", n)]
     if bad:
         raise UsageError(f"--qemu-trace {bad[0]!r}: a trace point name or 'bitmap'")
+    from livemig.lab import qemutrace
+
     return qemutrace.expand(names)
 
 
 def _parse_faults(items: list[str]) -> list[Fault]:
+    from livemig.lab.run import FAULT_KINDS, Fault
+
     if not items:
         return []
     if os.environ.get(FAULT_ENV) != "1":
@@ -303,6 +307,9 @@ def _parse_faults(items: list[str]) -> list[Fault]:
 
 
 def _migrate_options(a: argparse.Namespace) -> MigrateOptions:
+    from livemig.lab.net import parse_net
+    from livemig.lab.run import MigrateOptions
+
     for key, value in LAB_DEFAULTS.items():
         if getattr(a, key) is None:
             setattr(a, key, value)
@@ -442,6 +449,12 @@ async def _run_migration(mig: LabRun) -> None:
     await mig.run()
 
 
+def _reap() -> None:
+    from livemig.lab.leftovers import reap
+
+    reap()
+
+
 def cmd_migrate(a: argparse.Namespace) -> int:
     if a.domain is not None:
         from livemig.virt.cli import cmd_migrate_domain
@@ -452,6 +465,8 @@ def cmd_migrate(a: argparse.Namespace) -> int:
         raise UsageError("--connect, --to, --unsafe and --migrate-uri go with --domain")
     if a.src_qmp or a.dst_qmp or a.uri or a.dst_start:
         return cmd_attach(a)
+    from livemig.lab.run import LabRun
+
     opts = _migrate_options(a)
     ensure_root()
     mig = LabRun(opts, Progress(enabled=not a.quiet))
@@ -494,7 +509,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         print(md)
         return 0
     ensure_root()
-    reap()
+    _reap()
     choice = choose_accel(a.accel)
     md = asyncio.run(run_bench(a.scenarios, a.out, choice.name, choice.reason, a.qemu,
                                a.repeats, profiles, a.quiet, a.stock_qemu, reuse,
@@ -550,7 +565,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
     if a.report and a.report.is_dir():
         raise UsageError(f"--report {a.report} is a directory")
     ensure_root()
-    reap()
+    _reap()
     choice = choose_accel(a.accel)
     opts = VerifyOptions(rounds=a.rounds, combinations=names, memory=memory,
                          workload=workload, qemu=a.qemu or default_qemu(),
