@@ -60,3 +60,21 @@ def test_a_vm_with_no_figures_is_left_out_of_the_totals() -> None:
     assert t == {"work_lost_sum_s": 2.0, "work_lost_worst_s": 2.0, "below_10pct_worst_s": 0.5,
                  "guest_pause_worst_ms": 300.0, "measured": 1}
     assert totals({})["work_lost_sum_s"] is None
+
+
+def test_split_puts_each_vms_loss_before_during_or_after_its_own_migration() -> None:
+    from livemig.evacuate.harm import split
+
+    # 1 s bins of 0.1 s each: normal 100; the drain starts 2 s into the window
+    series = [[round(0.1 * i, 1), 50.0] for i in range(60)]  # half speed throughout
+    vms = {"a": {"baseline_rate": 100.0, "series": series},
+           "b": {"baseline_rate": 0.0, "series": series},  # idle: no normal rate, left out
+           "c": {"baseline_rate": 100.0, "series": None}}
+    records = [{"name": "a", "start_s": 1.0, "end_s": 3.0}, {"name": "b", "start_s": 0.0,
+               "end_s": 1.0}, {"name": "c", "start_s": 0.0, "end_s": 1.0}]
+    got = split(vms, records, offset=2.0)
+    # drain time = t - 2: before its start for t < 3 s, during for 3-5 s, after from 5 s
+    assert got == {"before": 1.5, "during": 1.0, "after": 0.5}
+    # a rate above normal is no negative loss
+    assert split({"a": {"baseline_rate": 10.0, "series": [[0.0, 20.0]]}},
+                 [{"name": "a", "start_s": 0.0, "end_s": 1.0}], 0.0)["during"] == 0.0

@@ -143,3 +143,29 @@ def totals(vms: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "below_10pct_worst_s": max(below10, default=None),
             "guest_pause_worst_ms": max(pauses, default=None),
             "measured": len(lost)}
+
+
+def split(vms: dict[str, dict[str, Any]], records: list[dict[str, Any]],
+          offset: float) -> dict[str, float]:
+    """The fleet's work lost (∫ 1 − rate/normal, per 100 ms bin, clipped at 0 like
+    :func:`metrics.work_lost`) split by where each VM was in its own migration:
+    ``before`` it started, ``during`` (its start to its end on the evacuation's
+    clock), ``after`` it ended. ``vms``: :meth:`FleetWatch.summary`'s per-VM figures
+    with their ``series``; ``records``: the evacuation report's ``vms`` (``start_s``,
+    ``end_s``); ``offset``: seconds from the harm window's start to the drain's.
+    On one machine shared by the source and the destinations (the testbed), what a
+    VM loses before and after its own migration is contention for the host's CPUs
+    with the other VMs' migrations, which separate hosts would not have."""
+    out = {"before": 0.0, "during": 0.0, "after": 0.0}
+    for r in records:
+        v = vms.get(str(r.get("name")), {})
+        normal, series = v.get("baseline_rate"), v.get("series")
+        start, end = r.get("start_s"), r.get("end_s")
+        if not normal or not series or start is None or end is None:
+            continue
+        for t, rate in series:
+            lost = max(0.0, 1.0 - float(rate) / float(normal)) * metrics.BIN_S
+            at = float(t) - offset
+            out["before" if at < start else "during" if at < end else "after"] += lost
+    return {k: round(v, 3) for k, v in out.items()}
+
