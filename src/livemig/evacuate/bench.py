@@ -146,6 +146,20 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def collected(out: Path) -> dict[str, list[dict[str, Any]]]:
+    """The runs kept in ``out``: each ``CONFIG-REPEAT/`` directory's evacuation report
+    with its harm, grouped by CONFIG."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for d in sorted(p for p in out.iterdir() if p.is_dir()):
+        try:
+            rep: dict[str, Any] = json.loads((d / "evacuation.json").read_text())
+            rep["harm"] = json.loads((d / "harm.json").read_text())
+        except (OSError, ValueError):
+            continue
+        runs.setdefault(d.name.rsplit("-", 1)[0], []).append(rep)
+    return runs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m livemig.evacuate.bench")
     ap.add_argument("out", type=Path)
@@ -159,7 +173,12 @@ def main() -> int:
     ap.add_argument("--stock-profile", default="upstream",
                     help="the stock configurations' profile(s), comma-separated "
                     "(default upstream)")
+    ap.add_argument("--summarize", action="store_true",
+                    help="no runs: the table of the runs already in OUT (CONFIG-REPEAT/)")
     a = ap.parse_args()
+    if a.summarize:
+        print(table(collected(a.out)))
+        return 0
     a.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {}
     with topology.locked(wait=600):

@@ -122,9 +122,9 @@ def facts_from(name: str, ram: int, dirty: float, s: Sample | None) -> VmFacts:
     and nothing compresses (the cautious guess). The dirty rate is the larger of
     QEMU's ``calc-dirty-rate`` and the one the page sample shows (its kept pages
     rewritten between its two looks, as the encoding model reads it): on the busy
-    fleet (docs/results/evacuate-2026-11-25b.md) QEMU's read 5-8 MiB/s for guests
-    the sample put at 12-14 MiB/s and libvirt's job statistics at 15-20 MiB/s once
-    they migrated."""
+    fleet (docs/results/evacuate-2026-11-27.md; the 11-25 run that found it) QEMU's
+    read 5-8 MiB/s for guests the sample put at 12-14 MiB/s and libvirt's job
+    statistics at 15-20 MiB/s once they migrated."""
     if s is None:
         return VmFacts(name, ram, float(ram), dirty, DEFAULT_RATIO, DEFAULT_RATIO)
     ratio = _best(s.first) or DEFAULT_RATIO

@@ -66,7 +66,8 @@ PRE_SHARE = 0.45
 # libvirt's setup (the part of OVERHEAD_S before its stream, which uses no link)
 # overlap that tail instead of following it. On the busy fleet of 2026-11-25 a
 # heavy VM waited for the last stream on its link to end, then spent 2.5 s before
-# its first byte with that link idle (docs/results/evacuate-2026-11-25b.md).
+# its first byte with that link idle (that run's write-up was lost; the fleet is
+# measured in docs/results/evacuate-2026-11-27.md).
 ENDING_S = PRE_SHARE * OVERHEAD_S
 # bandwidth changes smaller than this share are not sent (libvirt's cap is whole
 # MiB/s and each change is a call to the source daemon)
