@@ -428,6 +428,8 @@ def one_run(family: str, config: str, repeat: int, a: argparse.Namespace,
                 "--uri", f"tcp:127.0.0.1:{port}", "--bandwidth", a.bandwidth,
                 "--profile", profile, "--max-time", str(a.max_time),
                 "--report", str(report_path), "-q"]
+        if profile == "livemig":  # an ablation: livemig with some of its settings changed
+            argv += [x for kv in a.set for x in ("--set", kv)]
         t_launch = time.time()
         with open(log_path, "w") as log:
             log.write(" ".join(argv) + "\n")
@@ -710,6 +712,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--families", default=",".join(FAMILIES),
                     help=f"comma-separated, of {', '.join(FAMILIES)}")
+    ap.add_argument("--set", action="append", default=[], metavar="K=V",
+                    help="for an ablation: passed to the livemig configurations' runs "
+                    "(--set K=V); give the runs their own --out")
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help=f"comma-separated, of {', '.join(CONFIGS)}")
     ap.add_argument("--bandwidth", default="50M")
