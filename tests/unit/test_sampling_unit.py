@@ -95,7 +95,10 @@ def test_peek_sampler_sees_the_rewrites_and_the_model_picks_deltas():
     assert s.looked >= 1024 and 0.35 < s.nonzero_share < 0.65
     assert 0.15 < s.rewritten / s.kept < 0.45
     assert s.changed_share is not None and s.changed_share < 0.05
-    assert encoding.choose_sample(s).encoding == "xbzrle"  # stock: small deltas
+    # stock QEMU: the small deltas put xbzrle among the modelled encodings; this text
+    # compresses ~100x, so multifd zstd's first pass and re-sends beat it
+    c = encoding.choose_sample(s)
+    assert "xbzrle" in c.reason and c.encoding == "zstd", c.reason
     assert res.as_dict()["name"] == "test" and res.detail["calls"] == g.reads
 
 

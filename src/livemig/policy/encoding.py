@@ -24,8 +24,8 @@ The least time plus work lost wins (fewer bytes among near ties). A database tha
 updates few rows gets zstd (its first pass is its migration); a busy one lz4-delta,
 with a source cache that holds every page of the guest's RAM within a quarter of the
 host's free memory (a smaller, direct-mapped cache sends rewritten pages whole).
-Stock QEMU gets xbzrle for small deltas (one thread, but deltas), its cache sized
-the same way.
+Stock QEMU weighs xbzrle beside its multifd codecs for small rewrites (one stream,
+whole pages until a page's second re-send, then deltas), its cache sized the same way.
 """
 
 from __future__ import annotations
@@ -59,6 +59,11 @@ HOST_SHARE = 4  # the delta cache takes at most 1/4 of the host's available memo
 # per byte *sent*, so a codec that shrinks the stream pays less of it
 TLS_SPEED = 3e9
 DELTA_KEY = "x-multifd-lz4-delta-cache-size"
+# bytes/s of pages QEMU's migration thread xbzrle-encodes (one thread: it compares the
+# page with its cached copy and run-length codes the differences)
+XBZRLE_SPEED = 5e8
+# bytes an xbzrle page costs beyond its changed bytes (run headers), as a share of it
+XBZRLE_OVERHEAD = 0.004
 
 # a --set of any of these: no automatic choice
 KEYS = frozenset({"xbzrle", "xbzrle-cache-size", "multifd", "multifd-channels",
@@ -218,6 +223,35 @@ def estimate(first: Codec, resend: Codec, nonzero: float, dirty_rate: float,
                     throttle * t2, p1, p2, nonzero / first.speed + total_again / resend.speed)
 
 
+def estimate_xbzrle(changed_share: float, nonzero: float, dirty_rate: float,
+                    ctx: Context) -> Estimate:
+    """xbzrle, as QEMU 10.2 runs it: one stream, no compression; the first pass sends
+    whole pages and caches none of them (``xbzrle_started`` is set after it), so a
+    page's first re-send is whole too and enters the cache; only later re-sends are
+    deltas (``changed_share`` of the page plus run headers), encoded by the one
+    migration thread. The matrix of 2026-11-27 (docs/results/attach-matrix-2026-11-27)
+    showed it: on small-write hot sets xbzrle's first re-send round carried 60-160 MiB
+    of whole pages, and multifd zstd beat it on time and bytes on every family but the
+    flat-out database."""
+    one = Context(link_rate=ctx.link_rate, cpus=min(ctx.cpus, 1.0), tls=ctx.tls)
+    plain = Codec(1.0, PLAIN_SPEED)
+    delta = Codec(1.0 / min(1.0, changed_share + XBZRLE_OVERHEAD), XBZRLE_SPEED)
+    p1, p3 = page_rate(plain, one), page_rate(delta, one)
+    t1 = nonzero / p1
+    again = min(nonzero, dirty_rate * t1)  # dirtied during the first pass: whole pages
+    q2 = dirty_rate / p1
+    throttle2 = max(0.0, 1.0 - MAX_Q / q2) if q2 > 0 else 0.0
+    t2 = again / p1
+    third = min(nonzero, dirty_rate * t2 * (1.0 - throttle2))
+    q = dirty_rate / p3
+    throttle = max(0.0, 1.0 - MAX_Q / q) if q > 0 else 0.0
+    total3 = third / (1.0 - min(q, MAX_Q))
+    t3 = total3 / p3
+    return Estimate(t1 + t2 + t3, nonzero + again + total3 / delta.ratio,
+                    throttle2 * t2 + throttle * t3, p1, p3,
+                    (nonzero + again) / plain.speed + total3 / delta.speed)
+
+
 def pick(est: dict[str, Estimate]) -> str:
     """The least time plus work lost; among those within ``TIE`` of it the fewest
     bytes, and among byte counts within ``BYTES_TIE`` the least CPU."""
@@ -301,8 +335,8 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     """Every encoding the QEMU has, modelled on the sample (``estimate``): the first pass
     over the guest's non-zero memory, then the rounds re-sending what the guest dirtied
     meanwhile. The least time plus guest work lost wins; within ``TIE`` the one that
-    sends fewer bytes. On stock QEMU small deltas go to xbzrle (one thread, but
-    deltas)."""
+    sends fewer bytes. On stock QEMU small rewrites also get xbzrle modelled
+    (:func:`estimate_xbzrle`: one stream, whole pages until a page's second re-send)."""
     ctx = ctx or Context()
     n_pages, n_pairs = sample.kept, sample.rewritten
     if n_pages < MIN_SAMPLES:
@@ -314,11 +348,6 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     facts = f"{n_pages} non-zero pages, {n_pairs} rewritten in {sample.interval:.2f}s"
     if n_pairs >= MIN_SAMPLES and share is not None:
         facts += f" (median {100 * share:.1f}% of bytes changed)"
-        if share <= SMALL_DELTA and not ctx.delta:
-            cache = delta_cache(ctx)
-            return Choice("xbzrle", f"{facts}: small deltas; {cache >> 20} MiB xbzrle cache "
-                          f"({_covers(cache, ctx)})", share, ratio, n_pairs,
-                          settings={"xbzrle-cache-size": f"{cache >> 20}M"})
     codecs = ctx.codecs | ({"lz4"} if ctx.delta else set())  # delta rides on lz4
     plain = {"plain": Codec(1.0, PLAIN_SPEED)}
     first = {**plain, **{n: c for n, c in sample.first.items() if n in codecs}}
@@ -329,6 +358,9 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     if ctx.delta and "lz4" in first and n_pairs >= MIN_SAMPLES and "lz4" in sample.delta:
         est["lz4-delta"] = estimate(first["lz4"], sample.delta["lz4"], nonzero, dirty_rate,
                                     ctx)
+    if not ctx.delta and n_pairs >= MIN_SAMPLES and share is not None \
+            and share <= SMALL_DELTA:  # stock QEMU's delta encoding, for small rewrites
+        est["xbzrle"] = estimate_xbzrle(share, nonzero, dirty_rate, ctx)
     name = pick(est)
     link = f"{(ctx.link_rate or UNSHAPED) * 8 / 1e6:.0f} Mbit/s"
     why = ", ".join(f"{n} {e.seconds:.1f}s+{e.work_lost:.1f}s lost/{e.bytes / 2**20:.0f}MiB"
@@ -341,6 +373,10 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
         cache = delta_cache(ctx)
         settings[DELTA_KEY] = f"{cache >> 20}M"
         reason += f"; {cache >> 20} MiB delta cache ({_covers(cache, ctx)})"
+    if name == "xbzrle":
+        cache = delta_cache(ctx)
+        settings["xbzrle-cache-size"] = f"{cache >> 20}M"
+        reason += f"; {cache >> 20} MiB xbzrle cache ({_covers(cache, ctx)})"
     return Choice(name, reason, share, ratio, n_pairs, settings=settings,
                   page_rates={n: e.first_rate for n, e in est.items()})
 
