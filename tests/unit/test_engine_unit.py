@@ -847,3 +847,18 @@ def test_disk_first_stopped_before_migrate_leaves_the_source_running(stop, monke
                                                             "status": "running"}
     assert (src.caps, src.params) == before and not dst.called("cont")
     assert rec.t_migrate is not None and rec.t_ram is None
+
+
+def test_disk_first_then_a_cancel_in_the_ram_phase_gives_up_the_disk_copy():
+    """The disk copied first, the RAM started, then --max-time cancelled the migration:
+    the caller's copy is abandoned as on any other failure (a lab source kept for the
+    next hop must not keep the mirror job), and the source runs."""
+    src, dst = ends(statuses=["active"])
+    disk = DiskFirst(ready_after=2)
+    plan = Plan(URI, settings=FAST, profile="defaults", max_time=0.2).validate()
+    rec = _bounded(Engine(src, dst, plan, hooks=disk.hooks))
+    assert rec.outcome == "aborted" and "max-time" in (rec.reason or ""), rec.reason
+    assert src.called("migrate") and src.called("migrate_cancel")
+    assert disk.abandoned
+    assert src.status == "running" and not dst.called("cont")
+

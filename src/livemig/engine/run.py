@@ -218,6 +218,8 @@ class Engine:
             await self._switchover()
         elif end.status == "cancelled":
             self.s.outcome, self.s.reason = "aborted", end.cancelled_for or "cancelled"
+            with contextlib.suppress(LivemigError, OSError):
+                await self.hooks.after_failure()  # the caller's disk copy is given up
             await self._source_runs()
         else:
             raise VMError(f"migration {end.status}: "
