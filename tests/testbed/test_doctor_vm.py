@@ -27,13 +27,9 @@ pytestmark = [pytest.mark.testbed, pytest.mark.libvirt]
 BOOT_TIMEOUT_S = 60.0  # an idle guest of this image answers ping ~5 s after start
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    if not QEMU.exists():
-        pytest.skip("no patched build: make qemu")
-    prefix = tmp_path_factory.mktemp("prefix") / "qemu"
+def _install(prefix: Path, *extra: str) -> Iterator[Path]:
     r = subprocess.run(livemig_cmd("install-qemu", "--prefix", str(prefix),
-                                   "--no-apparmor"), capture_output=True, text=True,
+                                   "--no-apparmor", *extra), capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "a q35 machine starts with no -L" in r.stdout
@@ -41,6 +37,22 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     subprocess.run(livemig_cmd("install-qemu", "--prefix", str(prefix), "--uninstall"),
                    capture_output=True, text=True, timeout=60, check=True)
     assert not (prefix / "bin").exists()
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    if not QEMU.exists():
+        pytest.skip("no patched build: make qemu")
+    yield from _install(tmp_path_factory.mktemp("prefix") / "qemu")
+
+
+@pytest.fixture(scope="module")
+def installed_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The unpatched build of the same release, installed the same way (the raw build
+    has no firmware beside it, so a daemon could not start it at all)."""
+    if not (QEMU.parent.parent / "qemu-upstream" / "qemu-system-x86_64").exists():
+        pytest.skip("no unpatched build: make qemu-upstream")
+    yield from _install(tmp_path_factory.mktemp("prefix") / "qemu-upstream", "--upstream")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +88,7 @@ def test_doctor_passes_the_destination_and_fails_a_non_qemu(installed: Path,
 
 
 def test_a_remote_hosts_emulator_is_asked_through_a_paused_probe_domain(
-        installed: Path, daemons: None) -> None:
+        installed: Path, installed_upstream: Path, daemons: None) -> None:
     """As if dst's files were not visible from here: its daemon starts a paused probe
     domain of the emulator, whose QMP names the mechanisms; the probe leaves nothing."""
     from livemig.doctor.checks import check
@@ -89,9 +101,11 @@ def test_a_remote_hosts_emulator_is_asked_through_a_paused_probe_domain(
         return {x.what: (x.level, x.detail) for x in check(f)}
 
     got = findings(installed)
+    assert "mechanisms" in got, got
     assert got["mechanisms"][0] == "ok" and "page sampler" in got["mechanisms"][1], got
     assert got["firmware"][0] == "ok" and got["qemu"][0] == "ok", got
-    stock = findings(QEMU.parent.parent / "qemu-upstream" / "qemu-system-x86_64")
+    stock = findings(installed_upstream)
+    assert "mechanisms" in stock, stock
     assert stock["mechanisms"][0] == "warn" and "stock QEMU" in stock["mechanisms"][1], stock
     # the raw build has no firmware beside it: its machine cannot be built, said why
     raw = findings(QEMU)

@@ -29,12 +29,16 @@ NAME_PREFIX = "livemig-doctor-probe"
 
 
 def domain_xml(name: str, emulator: str) -> str:
-    """A paused-only q35 domain of ``emulator``: no disk, no NIC, no display."""
+    """A paused-only q35 domain of ``emulator``: no disk, no NIC, no display.
+
+    ACPI is named: without it libvirt 9.0 passes ``-no-acpi``, which QEMU 10 no longer
+    has (the probe would fail on every current QEMU for a reason of its own making)."""
     return f"""<domain type='qemu'>
   <name>{escape(name)}</name>
   <memory unit='MiB'>{MEMORY_MIB}</memory>
   <vcpu>1</vcpu>
   <os><type arch='x86_64' machine='q35'>hvm</type></os>
+  <features><acpi/></features>
   <on_crash>destroy</on_crash>
   <devices>
     <emulator>{escape(emulator)}</emulator>
