@@ -459,7 +459,8 @@ async def run_bench(scenarios: list[Path], out_dir: Path, accel: str, reason: st
             if via == "libvirt" and reuse != "only":
                 from livemig import bench_libvirt
 
-                family_stack.enter_context(bench_libvirt.testbed(str(sc.get("link", "1gbit"))))
+                family_stack.enter_context(bench_libvirt.testbed(
+                    str(sc.get("link", "1gbit")), sorted(set(bins.values()))))
             await _run_family(sc, profs, n, bins, labels, runs, out_dir, accel, reason, via,
                               reuse, quiet)
         if reuse == "only":  # --summarize: only what was run

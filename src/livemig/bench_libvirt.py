@@ -160,8 +160,11 @@ class LibvirtRun:
 
 
 @contextlib.contextmanager
-def testbed(link: str) -> Iterator[None]:
+def testbed(link: str, emulators: list[Path]) -> Iterator[None]:
     """The testbed with its libvirt daemons, the link shaped for the family; held (the
-    testbed lock) while the family runs. What this started is stopped after."""
+    testbed lock) while the family runs. What this started is stopped after. The
+    daemons know the family's emulators before the first run (libvirt_lab.warm), so no
+    profile's run pays libvirt's probe of its emulator."""
     with libvirt_lab.testbed(parse_link_rate(link), owner="bench --via libvirt"):
+        libvirt_lab.warm(emulators)
         yield

@@ -81,3 +81,17 @@ def test_journal_names_only_dead_runs() -> None:
     assert p.name != "state.json" and "/" not in p.name
     journal.remove("vm/1")
     assert journal.left_by_dead_run("vm/1") is None
+
+
+def test_probed_qemu_capabilities_outlive_a_daemons_restart() -> None:
+    """What a daemon probed is kept when the testbed stops it and given to the next
+    daemon of any host (a fleet host keeps /var/cache/libvirt across restarts);
+    a fresh daemon without it would probe each emulator inside the first migration."""
+    old = libvirtd.host_dir("dst") / libvirtd._CAPS_SUBDIR
+    old.mkdir(parents=True)
+    (old / "abc.xml").write_text("<qemuCaps/>")
+    libvirtd.save_caps(libvirtd.host_dir("dst"))
+    assert (libvirtd.caps_store() / "abc.xml").read_text() == "<qemuCaps/>"
+    d = libvirtd._prepare("src", "0f0e0d0c-0000-4000-8000-000000000001")
+    assert (d / libvirtd._CAPS_SUBDIR / "abc.xml").read_text() == "<qemuCaps/>"
+    assert not libvirtd.caps_store().is_relative_to(libvirtd.root())  # down() keeps it

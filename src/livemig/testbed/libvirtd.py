@@ -75,6 +75,15 @@ def host_dir(side: str) -> Path:
     return root() / side
 
 
+def caps_store() -> Path:
+    """QEMU capabilities the daemons probed, kept across their restarts (outside
+    :func:`root`, which ``down`` removes)."""
+    return paths.run_root() / "libvirt-qemu-caps"
+
+
+_CAPS_SUBDIR = Path("cache") / "qemu" / "capabilities"
+
+
 def uri(side: str) -> str:
     """The URI a client (or the other daemon) uses to reach ``side``'s daemon: TLS,
     with the testbed PKI's source-host client certificate (the daemons accept either
@@ -210,6 +219,7 @@ def _prepare(side: str, host_uuid: str) -> Path:
         (d / sub).mkdir(parents=True)
     (d / "lib" / "images").mkdir()
     (d / "log" / "qemu").mkdir()
+    _restore_caps(d)
     for target in _MOUNTS.values():
         Path(target).mkdir(parents=True, exist_ok=True)  # mount points only
     (d / "etc" / "libvirtd.conf").write_text(_libvirtd_conf(side, host_uuid))
@@ -217,6 +227,36 @@ def _prepare(side: str, host_uuid: str) -> Path:
     _passwd_copy(d)
     (d / "start.sh").write_text(_start_script(side, d))
     return d
+
+
+def _restore_caps(d: Path) -> None:
+    """A host's libvirt keeps the QEMU capabilities it probed in ``/var/cache/libvirt``
+    across restarts; the testbed's per-host cache is made afresh with the daemon, so it
+    is filled from what the daemons probed before. Without it every first migration
+    of an emulator into a fresh daemon paid libvirt's probe of that emulator (a ``-S``
+    QEMU queried over QMP: ~4.5 s under TCG) inside the migration call, and benchmarks
+    charged it to whichever profile ran first. libvirt revalidates every file (the
+    binary's ctime, libvirt's own version, the kernel) and probes again when stale."""
+    store = caps_store()
+    if not store.is_dir():
+        return
+    dest = d / _CAPS_SUBDIR
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in store.glob("*.xml"):
+        with contextlib.suppress(OSError):
+            shutil.copy2(f, dest / f.name)
+
+
+def save_caps(d: Path) -> None:
+    """Keep what the daemon of host dir ``d`` probed (see :func:`_restore_caps`)."""
+    src = d / _CAPS_SUBDIR
+    if not src.is_dir():
+        return
+    store = caps_store()
+    with contextlib.suppress(OSError):
+        store.mkdir(parents=True, exist_ok=True)
+        for f in src.glob("*.xml"):
+            shutil.copy2(f, store / f.name)
 
 
 def _wait_ready(side: str, proc: subprocess.Popen[bytes], deadline: float) -> None:
@@ -358,6 +398,8 @@ def down() -> list[str]:
     for p in waiting:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
+    for side in ALL_SIDES:
+        save_caps(host_dir(side))
     if root().exists():
         shutil.rmtree(root(), ignore_errors=True)
     return removed
