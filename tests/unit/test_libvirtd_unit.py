@@ -87,11 +87,17 @@ def test_probed_qemu_capabilities_outlive_a_daemons_restart() -> None:
     """What a daemon probed is kept when the testbed stops it and given to the next
     daemon of any host (a fleet host keeps /var/cache/libvirt across restarts);
     a fresh daemon without it would probe each emulator inside the first migration."""
+    emulator = libvirtd.root().parent / "bin" / "qemu-system-x86_64"
+    emulator.parent.mkdir(parents=True)
+    emulator.write_text("")
+    caps = f"<qemuCaps>\n  <emulator>{emulator}</emulator>\n</qemuCaps>\n"
     old = libvirtd.host_dir("dst") / libvirtd._CAPS_SUBDIR
     old.mkdir(parents=True)
-    (old / "abc.xml").write_text("<qemuCaps/>")
+    (old / "abc.xml").write_text(caps)
+    (old / "gone.xml").write_text(caps.replace(str(emulator), "/nonexistent/qemu"))
     libvirtd.save_caps(libvirtd.host_dir("dst"))
-    assert (libvirtd.caps_store() / "abc.xml").read_text() == "<qemuCaps/>"
+    assert (libvirtd.caps_store() / "abc.xml").read_text() == caps
+    assert not (libvirtd.caps_store() / "gone.xml").exists()  # its emulator is gone
     d = libvirtd._prepare("src", "0f0e0d0c-0000-4000-8000-000000000001")
-    assert (d / libvirtd._CAPS_SUBDIR / "abc.xml").read_text() == "<qemuCaps/>"
+    assert (d / libvirtd._CAPS_SUBDIR / "abc.xml").read_text() == caps
     assert not libvirtd.caps_store().is_relative_to(libvirtd.root())  # down() keeps it

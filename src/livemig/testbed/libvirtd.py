@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -248,15 +249,27 @@ def _restore_caps(d: Path) -> None:
 
 
 def save_caps(d: Path) -> None:
-    """Keep what the daemon of host dir ``d`` probed (see :func:`_restore_caps`)."""
+    """Keep what the daemon of host dir ``d`` probed (see :func:`_restore_caps`); the
+    kept files of emulators that are gone (a test's temporary install) are dropped."""
     src = d / _CAPS_SUBDIR
-    if not src.is_dir():
-        return
     store = caps_store()
     with contextlib.suppress(OSError):
-        store.mkdir(parents=True, exist_ok=True)
-        for f in src.glob("*.xml"):
-            shutil.copy2(f, store / f.name)
+        if src.is_dir():
+            store.mkdir(parents=True, exist_ok=True)
+            for f in src.glob("*.xml"):
+                shutil.copy2(f, store / f.name)
+        for f in store.glob("*.xml"):
+            emulator = _caps_emulator(f)
+            if emulator is None or not emulator.exists():
+                f.unlink()
+
+
+def _caps_emulator(f: Path) -> Path | None:
+    """The emulator a libvirt capabilities cache file describes (its first element)."""
+    with contextlib.suppress(OSError), f.open(errors="replace") as fh:
+        m = re.search(r"<emulator>([^<]+)</emulator>", fh.read(1024))
+        return Path(m.group(1)) if m else None
+    return None
 
 
 def _wait_ready(side: str, proc: subprocess.Popen[bytes], deadline: float) -> None:
