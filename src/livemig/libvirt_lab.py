@@ -175,9 +175,10 @@ def remove_domain(name: str) -> None:
 def warm(emulators: list[Path]) -> None:
     """Every running daemon of the testbed knows ``emulators``' capabilities before the
     caller's clock starts, as a fleet host's daemon does from its first start of them:
-    probed here once when the kept cache did not have them (libvirtd.save_caps), read
-    from it after. A migration into a daemon that never saw its emulator pays the
-    probe inside the call (~4.5 s under TCG)."""
+    probed here once when the cache the testbed keeps across restarts did not have
+    them (libvirtd.save_caps, at ``down``), read from it after. A migration into a
+    daemon that never saw its emulator pays the probe inside the call (~4.5 s under
+    TCG)."""
     for side in libvirtd.ALL_SIDES:
         if not libvirtd.is_running(side):
             continue
@@ -188,7 +189,6 @@ def warm(emulators: list[Path]) -> None:
                     c.getDomainCapabilities(str(emu), "x86_64", "q35", "qemu", 0)
         finally:
             c.close()
-        libvirtd.save_caps(libvirtd.host_dir(side))
 
 
 @dataclass

@@ -218,9 +218,7 @@ class Engine:
             await self._switchover()
         elif end.status == "cancelled":
             self.s.outcome, self.s.reason = "aborted", end.cancelled_for or "cancelled"
-            with contextlib.suppress(LivemigError, OSError):
-                await self.hooks.after_failure()  # the caller's disk copy is given up
-            await self._source_runs()
+            await self._back_to_source()
         else:
             raise VMError(f"migration {end.status}: "
                           f"{end.cancelled_for or end.info.get('error-desc', '?')}")
@@ -331,9 +329,7 @@ class Engine:
         with contextlib.suppress(LivemigError, OSError):
             if await self.dst.has_command("blockdev-set-active"):
                 await self.dst.cmd("blockdev-set-active", active=False)
-        with contextlib.suppress(LivemigError, OSError):
-            await self.hooks.after_failure()
-        await self._source_runs()
+        await self._back_to_source()
         with contextlib.suppress(LivemigError, OSError):
             self.s.dst_status = (await self.dst.cmd("query-status")).get("status")
             self.events.event("destination after", status=self.s.dst_status)
@@ -420,6 +416,13 @@ class Engine:
         except (LivemigError, OSError):
             return not self.dst.alive()  # unreachable but alive: not confirmed
         return bool(status != "running")
+
+    async def _back_to_source(self) -> None:
+        """A migration that will not complete: the caller gives up what it ran beside
+        it (a disk copy), and the source runs."""
+        with contextlib.suppress(LivemigError, OSError):
+            await self.hooks.after_failure()
+        await self._source_runs()
 
     async def _source_runs(self) -> None:
         """After a cancel or failure: the source must run (``cont`` if QEMU left it

@@ -202,6 +202,22 @@ class Estimate:
         return self.seconds + self.work_lost
 
 
+def _throttle(dirty_rate: float, rate: float) -> float:
+    """The share a throttle holds the guest at while pages are re-sent at ``rate``: with
+    ``q`` = dirty rate ÷ rate above ``MAX_Q`` the rounds do not shrink fast enough on
+    their own, so ``1 − MAX_Q / q``."""
+    q = dirty_rate / rate
+    return max(0.0, 1.0 - MAX_Q / q) if q > 0 else 0.0
+
+
+def _resends(again: float, dirty_rate: float, rate: float) -> tuple[float, float, float]:
+    """Re-sending ``again`` bytes at ``rate`` while the guest dirties ``dirty_rate``:
+    the rounds add up to ``again / (1 − q)``, ``q`` capped at ``MAX_Q`` by the
+    throttle. (bytes, seconds, throttle)."""
+    total = again / (1.0 - min(dirty_rate / rate, MAX_Q))
+    return total, total / rate, _throttle(dirty_rate, rate)
+
+
 def estimate(first: Codec, resend: Codec, nonzero: float, dirty_rate: float,
              ctx: Context) -> Estimate:
     """``nonzero``: guest bytes the first pass sends as data; ``dirty_rate``: distinct
@@ -215,10 +231,7 @@ def estimate(first: Codec, resend: Codec, nonzero: float, dirty_rate: float,
     p1, p2 = page_rate(first, ctx), page_rate(resend, ctx)
     t1 = nonzero / p1
     again = min(nonzero, dirty_rate * t1)
-    q = dirty_rate / p2
-    throttle = max(0.0, 1.0 - MAX_Q / q) if q > 0 else 0.0
-    total_again = again / (1.0 - min(q, MAX_Q))
-    t2 = total_again / p2
+    total_again, t2, throttle = _resends(again, dirty_rate, p2)
     return Estimate(t1 + t2, nonzero / first.ratio + total_again / resend.ratio,
                     throttle * t2, p1, p2, nonzero / first.speed + total_again / resend.speed)
 
@@ -239,14 +252,10 @@ def estimate_xbzrle(changed_share: float, nonzero: float, dirty_rate: float,
     p1, p3 = page_rate(plain, one), page_rate(delta, one)
     t1 = nonzero / p1
     again = min(nonzero, dirty_rate * t1)  # dirtied during the first pass: whole pages
-    q2 = dirty_rate / p1
-    throttle2 = max(0.0, 1.0 - MAX_Q / q2) if q2 > 0 else 0.0
-    t2 = again / p1
+    throttle2 = _throttle(dirty_rate, p1)
+    t2 = again / p1  # one round of them: their next re-send is a delta
     third = min(nonzero, dirty_rate * t2 * (1.0 - throttle2))
-    q = dirty_rate / p3
-    throttle = max(0.0, 1.0 - MAX_Q / q) if q > 0 else 0.0
-    total3 = third / (1.0 - min(q, MAX_Q))
-    t3 = total3 / p3
+    total3, t3, throttle = _resends(third, dirty_rate, p3)
     return Estimate(t1 + t2 + t3, nonzero + again + total3 / delta.ratio,
                     throttle2 * t2 + throttle * t3, p1, p3,
                     (nonzero + again) / plain.speed + total3 / delta.speed)

@@ -248,16 +248,18 @@ def _restore_caps(d: Path) -> None:
             shutil.copy2(f, dest / f.name)
 
 
-def save_caps(d: Path) -> None:
-    """Keep what the daemon of host dir ``d`` probed (see :func:`_restore_caps`); the
-    kept files of emulators that are gone (a test's temporary install) are dropped."""
-    src = d / _CAPS_SUBDIR
+def save_caps(*dirs: Path) -> None:
+    """Keep what the daemons of host dirs ``dirs`` probed (see :func:`_restore_caps`);
+    the kept files of emulators that are gone (a test's temporary install) are
+    dropped."""
     store = caps_store()
     with contextlib.suppress(OSError):
-        if src.is_dir():
-            store.mkdir(parents=True, exist_ok=True)
-            for f in src.glob("*.xml"):
-                shutil.copy2(f, store / f.name)
+        for d in dirs:
+            src = d / _CAPS_SUBDIR
+            if src.is_dir():
+                store.mkdir(parents=True, exist_ok=True)
+                for f in src.glob("*.xml"):
+                    shutil.copy2(f, store / f.name)
         for f in store.glob("*.xml"):
             emulator = _caps_emulator(f)
             if emulator is None or not emulator.exists():
@@ -411,8 +413,7 @@ def down() -> list[str]:
     for p in waiting:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
-    for side in ALL_SIDES:
-        save_caps(host_dir(side))
+    save_caps(*(host_dir(side) for side in ALL_SIDES))
     if root().exists():
         shutil.rmtree(root(), ignore_errors=True)
     return removed
