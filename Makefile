@@ -18,9 +18,9 @@ DEMO_ARGS ?= --memory 1G --workload mem:size=384M,rate=96M,hot=90/10 --bandwidth
 help:
 	@echo "make demo    migrate a busy VM with live progress, verify it, write reports/demo.json"
 	@echo "make test    lint + unit + integration tests (real QEMU, real guests) +"
-	@echo "             QEMU's migration qtests (quick set) with the patch series"
-	@echo "make test-long  the long matrices (crash/fault matrix, evacuation, soak): run"
-	@echo "             before an issue is called resolved"
+	@echo "             QEMU's migration qtests (one per patch, three of upstream's)"
+	@echo "make test-long  the long matrices (crash/fault matrix, evacuation, soak) and"
+	@echo "             the qtests' whole quick set: run before an issue is called resolved"
 	@echo "make setup   install packages, build QEMU and the guest image, put livemig on PATH"
 	@echo "make qtest   QEMU's own migration qtests (quick set) against build/qemu"
 	@echo "make install-qemu  the built QEMU under /opt/livemig/qemu for libvirt domains (no -L;"
@@ -76,12 +76,13 @@ unit: venv
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
 test: setup lint
-	$(BIN)/pytest -v --durations=15 -m "not long" $(PYTEST_ARGS)
-	@bash qemu/run-qtests.sh
+	$(BIN)/pytest -v --durations=40 -m "not long" $(PYTEST_ARGS)
+	@bash qemu/run-qtests.sh --representative
 
 # the matrices `make test` keeps one representative case of
 test-long: setup lint
 	$(BIN)/pytest -v --durations=15 -m long $(PYTEST_ARGS)
+	@bash qemu/run-qtests.sh
 
 qtest: qemu
 	@bash qemu/run-qtests.sh

@@ -21,6 +21,8 @@ def test_heavy_hot_set_over_1gbit_completes_with_livemig_profile(tmp_path):
     assert rep["network"]["after_switchover"]["answered_by"] == "destination"
 
 
+@pytest.mark.long  # ~150 s; make test keeps test_unconvergeable_workload_aborts_... and
+# the stall watchdog's cancel (test_stall_vm.py), and the policy's abort is unit-tested
 def test_on_stall_abort_leaves_the_source_running(tmp_path):
     """Flat-out writer, 3 MB/s stream: even the deepest throttle the policy takes (96 %,
     its sleeps capped by the downtime limit) leaves the guest dirtying faster than the
