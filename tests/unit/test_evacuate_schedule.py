@@ -283,3 +283,25 @@ def test_the_model_counts_the_link_a_small_vm_leaves_when_it_ends() -> None:
     def held(s: Snapshot) -> list[Action]:  # negative control: half each, never re-set
         return [Start(v.facts.name, LINK / 2, "held") for v in s.vms if v.status == "queued"]
     assert simulate([small, big], LINKS, policy=held).total_s > ours.total_s + 1.0
+
+
+def test_a_vm_whose_reserve_is_above_the_link_but_not_heavy_still_starts_alone() -> None:
+    # dirty 45 MiB/s on 100 MiB/s: its rounds shrink by MAX_Q alone (not heavy) but
+    # its reserve (with HEADROOM) is above the link. It used to wait for room that
+    # never came: the plan left it out (CI, stop 27: "plan: 2 VMs" for a fleet of 3)
+    # and the evacuation would have left it on the source.
+    tight = busy("t", 45 * M)
+    assert not heavy(tight, LINK) and reserve(tight, LINK) > LINK
+    plan = simulate([idle("i"), tight], LINKS)
+    assert sorted(p.name for p in plan.vms) == ["i", "t"]
+    assert not plan.share_link("i", "t")
+    alone = decide(Snapshot(0.0, (VmState(tight),), LINKS))
+    assert [a.name for a in alone if isinstance(a, Start)] == ["t"]
+
+
+def test_every_vm_of_a_fleet_is_in_the_plan() -> None:
+    # dirty rates across the whole range on one and on two links: nobody is left out
+    fleet = [busy(f"v{k}", k * 3 * M) for k in range(1, 30)]
+    for links in (LINKS, {"a": LINK, "b": LINK / 3}):
+        spread = [replace(f, link=list(links)[k % len(links)]) for k, f in enumerate(fleet)]
+        assert len(simulate(spread, links, max_parallel=3).vms) == len(fleet)

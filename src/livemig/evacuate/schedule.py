@@ -21,7 +21,9 @@ operator says they have their own):
 - queued VMs start in that order on each link, without overtaking (no starvation),
   while the reserves of the running ones plus its own fit in the link and fewer than
   ``max_parallel`` migrations start or send (one that has sent everything is only
-  finishing and counts for neither); the links take turns, least busy first; a
+  finishing and counts for neither); an idle link always starts its head (a reserve
+  above the whole link, not heavy: it runs alone); the links take turns, least busy
+  first; a
   stream expected to end within ``ENDING_S`` (what a start costs before its first
   byte) holds no room and is not capped, so the next start overlaps its tail;
 - caps are upper limits, under which TCP shares the link evenly (:func:`effective`:
@@ -39,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from livemig.errors import LivemigError
 from livemig.policy.encoding import MAX_Q, Codec, Context, Estimate, estimate
 
 # a VM's reserve is this much above what keeps its rounds shrinking by MAX_Q: the
@@ -202,7 +205,10 @@ def decide(s: Snapshot) -> list[Action]:
         r = reserve(v.facts, link)
         if used[ln] + r > link:
             blocked.add(ln)  # no overtaking: the next one waits for room
-            continue
+            if holding[ln] or starting[ln]:
+                continue
+            # its reserve (with HEADROOM) is above the whole link, yet it converges
+            # alone: it runs alone, like a heavy one, or it would wait for ever
         starting[ln].append(v)
         used[ln] += r
         active += 1
@@ -365,6 +371,8 @@ def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 
     wait: dict[str, float] = {}  # seconds left in pre / post
     planned: dict[str, Planned] = {}
     t = 0.0
+    # each pass ends at an event (a phase ends, a stream turns ending): at most a few
+    # per VM, and a pass with nothing running ends the loop
     for _ in range(20 * len(fleet) + 20):
         acts = choose(Snapshot(t, tuple(states.values()), links, max_parallel))
         for a in acts:
@@ -414,6 +422,10 @@ def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 
             else:
                 states[name] = replace(v, status=DONE, progress=1.0, sending=False)
                 planned[name].end = t
+    left_out = sorted(set(states) - set(planned))
+    if left_out:  # a plan without a VM would leave it on the host: never silently
+        raise LivemigError(f"internal: the schedule never starts {', '.join(left_out)} "
+                           "(a bug: please report it with the --dry-run output)")
     return Plan(sorted(planned.values(), key=lambda p: (p.start, p.name)))
 
 
