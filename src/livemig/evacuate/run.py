@@ -143,6 +143,12 @@ class Evacuation:
             waiting = [v for v in self.vms if v.status == QUEUED]
             if not running and (not waiting or self.cancelled):
                 break
+            if not running and all(v.not_before <= now for v in waiting):
+                # nothing runs and the scheduler started none of them: it never will
+                # (a bug in the rule); report them rather than wait to --max-time
+                for v in waiting:
+                    v.reason = "the scheduler never started it"
+                break
             if cancel_at is not None and time.monotonic() - cancel_at > ABORT_WAIT_S:
                 for v in running:  # a child that ignores SIGINT: its guardian cleans up
                     if v.proc is not None:
