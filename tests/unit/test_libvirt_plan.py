@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from livemig.engine.observe import POLICY_STATES, Observation
 from livemig.errors import UsageError
+from livemig.policy.base import Snapshot
 from livemig.settings import merge
 from livemig.virt import plan as P
-from livemig.virt.stats import sample_of, snapshot
+from livemig.virt.stats import disk_observation, query_migrate
 
 STOCK_CAPS = frozenset({"xbzrle", "auto-converge", "events", "postcopy-ram", "multifd",
                         "return-path", "pause-before-switchover", "zero-copy-send"})
@@ -162,16 +166,35 @@ def test_flag_values_match_the_binding() -> None:
         assert getattr(libvirt, f"VIR_MIGRATE_PARAM_{theirs}") == ours
 
 
+def _observed(t: float, stats: dict[str, Any], write_rate: float | None = None,
+              ) -> tuple[Observation, Snapshot]:
+    obs = Observation.parse(t, query_migrate(stats))
+    return obs, obs.snapshot(disk_observation(stats, write_rate))
+
+
 def test_job_stats_become_a_policy_snapshot_and_a_sample() -> None:
     stats = {"type": 2, "memory_total": 256 << 20, "memory_remaining": 100 << 20,
              "memory_processed": 50 << 20, "memory_dirty_rate": 1000,
              "memory_page_size": 4096, "memory_bps": 5 << 20, "memory_iteration": 3,
              "disk_total": 0, "disk_remaining": 0, "disk_processed": 0}
-    s = snapshot(2.0, stats, throttle_pct=0)
+    obs, s = _observed(2.0, stats)
     assert s.rounds == 3 and s.remaining == 100 << 20 and s.dirty_rate == 4096000
-    sample = sample_of(2.0, stats, s)
+    assert s.page_rate == 0.0  # libvirt passes no page rate on (see virt/stats.py)
+    sample = obs.sample()
     assert sample["status"] == "active" and sample["eta_s"] == pytest.approx(20.0)
-    assert sample_of(0.1, {"type": 2}, snapshot(0.1, {"type": 2}, 0))["status"] == "setup"
+    assert _observed(0.1, {"type": 2})[0].status == "prepare"
+    # all sent: libvirt's switchover and finish, where nothing is decided or watched
+    done = {**stats, "memory_remaining": 0}
+    assert _observed(3.0, done)[0].status == "device"
+    # only the disks move yet: the policies tick (IO QoS), the RAM figures are 0
+    disk = {"type": 2, "memory_total": 256 << 20, "memory_remaining": 256 << 20,
+            "disk_total": 64 << 20, "disk_remaining": 60 << 20}
+    assert _observed(1.0, disk)[0].status == "disk" in POLICY_STATES
+    assert query_migrate(stats, postcopy=True)["status"] == "postcopy-active"
+    assert query_migrate({**stats, "auto_converge_throttle": 30})[
+        "cpu-throttle-percentage"] == 30
+    assert query_migrate({**stats, "auto_converge_throttle": 30}, throttle_pct=70)[
+        "cpu-throttle-percentage"] == 70  # livemig's own throttle when it set one
 
 
 DIGEST = P.QemuInfo(STOCK_CAPS | {P.RAM_CHECK_CAP}, PATCHED.parameters,
@@ -291,13 +314,14 @@ def test_lab_settings_given_explicitly_are_said() -> None:
 
 
 def test_disk_write_rate_reaches_the_snapshot() -> None:
-    s = snapshot(1.0, {"disk_remaining": 5 << 20, "disk_total": 64 << 20}, 0, 3e6)
+    _, s = _observed(1.0, {"disk_remaining": 5 << 20, "disk_total": 64 << 20}, 3e6)
     assert s.disk_write_rate == 3e6 and s.disk_remaining == 5 << 20
 
 
 def test_no_disk_remainder_before_libvirt_starts_the_copy() -> None:
-    assert snapshot(0.5, {"disk_remaining": 0, "disk_total": 0}, 0, 3e6).disk_remaining is None
-    assert snapshot(0.5, {}, 0).disk_remaining is None
+    assert _observed(0.5, {"disk_remaining": 0, "disk_total": 0}, 3e6)[1].disk_remaining \
+        is None
+    assert _observed(0.5, {})[1].disk_remaining is None
 
 
 def test_stream_globals_left_by_an_earlier_migration_are_replaced():

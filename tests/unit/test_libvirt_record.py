@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from livemig.engine.observe import Observation
 from livemig.engine.record import MigrationRecord
 from livemig.report import CONTRACT_KEYS, LibvirtFacts, summary
 from livemig.settings import merge
 from livemig.virt import plan as P
 from livemig.virt import record
 from livemig.virt.run import DomainOptions, DomainRun, Outcome, ram_check_failed, ram_check_ok
-from livemig.virt.stats import sample_of, snapshot
+from livemig.virt.stats import disk_sample, query_migrate
 
 STOCK = P.QemuInfo(frozenset({"xbzrle", "auto-converge", "multifd"}), {},
                    frozenset({"migrate-set-parameters"}))
@@ -32,7 +33,8 @@ def _run(outcome: str = "completed", storage: str = "copy", **kw: Any) -> Domain
     stats = {"memory_processed": 100 << 20, "memory_total": 256 << 20,
              "memory_remaining": 10 << 20, "memory_iteration": 2, "memory_bps": 1e7,
              "disk_total": 64 << 20, "disk_remaining": 0, "disk_processed": 60 << 20}
-    r.timeline.append(sample_of(5.0, stats, snapshot(5.0, stats, 0)))
+    r.timeline.append({**Observation.parse(5.0, query_migrate(stats)).sample(),
+                       **disk_sample(stats)})
     for k, v in kw.items():
         setattr(r, k, v)
     return r

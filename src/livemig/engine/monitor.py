@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from livemig.engine.decision import CONTINUE, Decision, Verdict
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
-from livemig.engine.observe import DISK_FIRST, Observation
+from livemig.engine.observe import DISK_FIRST, POLICY_STATES, Observation
 from livemig.engine.stall import StallWatch, SwitchoverWatch
 from livemig.errors import VMError
 from livemig.policy.base import Snapshot
@@ -63,6 +63,19 @@ class Policies(Protocol):
     async def tick(self, s: Snapshot) -> Verdict: ...
 
 
+class MigrationSource(Protocol):
+    """What the monitor polls and cancels, in QEMU's terms: ``query-migrate`` and
+    ``migrate_cancel`` (``cmd``), and the ``MIGRATION``/``MIGRATION_PASS`` events
+    that wake it (``next_event``). The source QEMU's own QMP (any
+    :class:`~livemig.engine.endpoint.QmpEnd`: lab, attach), or a caller's adapter
+    of a migration it does not run itself (libvirt's job: ``virt/job.py``); one with
+    an ``oob`` command can be yanked (:class:`SwitchoverWatch`)."""
+
+    async def cmd(self, command: str, **args: Any) -> Any: ...
+
+    async def next_event(self, timeout: float) -> dict[str, Any] | None: ...
+
+
 class MonitorHooks(Protocol):
     async def on_poll(self, now: float, obs: Observation) -> dict[str, Any]: ...
 
@@ -81,7 +94,8 @@ class Terminal:
 
 
 class Monitor:
-    def __init__(self, src: QmpEnd, events: EventStream, period: float, t_migrate: float,
+    def __init__(self, src: MigrationSource, events: EventStream, period: float,
+                 t_migrate: float,
                  max_time: float | None, interrupt: asyncio.Event,
                  policies: Policies | None, hooks: MonitorHooks,
                  timeline: list[dict[str, Any]], dst: QmpEnd | None = None,
@@ -225,7 +239,7 @@ class Monitor:
         """The policies first (they may abort), then the run's own limits."""
         verdict = CONTINUE
         p = self.policies
-        if p is not None and p.active and obs.status == "active":
+        if p is not None and p.active and obs.status in POLICY_STATES:
             verdict = await p.tick(obs.snapshot(self.hooks.disk_observation()))
         if verdict.decision is Decision.CANCEL:
             return verdict

@@ -14,6 +14,11 @@ from livemig.policy.base import Snapshot
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 # not QEMU's: the monitor's status while the RAM waits for the caller's disk copy
 DISK_FIRST = "disk-first"
+# not QEMU's: a source that copies its disks before it sends RAM on its own (libvirt's
+# NBD mirror, :mod:`livemig.virt.stats`); the policies act then too (IO QoS)
+DISK_COPY = "disk"
+# the states in which the monitor ticks the policies
+POLICY_STATES = frozenset({"active", DISK_COPY})
 
 
 @dataclass(frozen=True)

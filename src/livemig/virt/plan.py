@@ -202,6 +202,7 @@ class Plan:
     postcopy_after: float
     poll_interval: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    stall_timeout: float = 0.0  # the engine's stall watchdog (0: off)
     ram_check: bool = False  # the source sends RAM digests; the destination compares
     ram_check_why: str = ""  # why not, when it is off
     disk_check: str = "auto"  # auto | nbd | file | stream (copied disks, --storage copy)
@@ -221,6 +222,7 @@ class Plan:
                 "max_downtime": self.max_downtime, "on_stall": self.on_stall,
                 "postcopy_after": self.postcopy_after,
                 "poll_interval": self.poll_interval, "notes": list(self.notes),
+                "stall_timeout": self.stall_timeout,
                 "ram_check": ("in-stream digest" if self.ram_check
                               else f"off: {self.ram_check_why}"),
                 "disk_check": self.disk_check, "io_qos": self.io_qos,
@@ -390,7 +392,8 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
                 max_downtime=int(lm["max-downtime"]), on_stall=on_stall,
                 postcopy_after=float(lm.get("postcopy-after") or 0),
                 poll_interval=float(lm["poll-interval"]), notes=tuple(notes),
-                ram_check=ram_check, ram_check_why=why, disk_check=str(lm["disk-check"]),
+                stall_timeout=float(lm["stall-timeout"]), ram_check=ram_check,
+                ram_check_why=why, disk_check=str(lm["disk-check"]),
                 io_qos=io_qos, drain=drain)
 
 

@@ -28,11 +28,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from livemig.engine.decision import Decision
 from livemig.engine.events import EventStream, progress_listener
 from livemig.engine.executor import PolicyConfig, PolicyExecutor
+from livemig.engine.monitor import Monitor, Terminal
+from livemig.engine.observe import Observation
 from livemig.engine.plan import Plan as EnginePlan
-from livemig.errors import LivemigError, UsageError
+from livemig.errors import LivemigError, UsageError, VMError
 from livemig.progress import Progress
 from livemig.virt import hold, journal, qmp
 from livemig.virt.actuator import IoDevice, LibvirtActuator, io_devices
@@ -51,6 +52,7 @@ from livemig.virt.facts import (
     version,
     writable_disks,
 )
+from livemig.virt.job import DomainJob
 from livemig.virt.plan import (
     LIBVIRT_RESET_CAPS,
     LIBVIRT_RESET_PARAMS,
@@ -67,12 +69,10 @@ from livemig.virt.plan import (
 )
 from livemig.virt.repair import put_back
 from livemig.virt.sampling import adapt_domain
-from livemig.virt.stats import sample_of, snapshot
+from livemig.virt.stats import PREPARE, disk_observation, disk_sample
 
 log = logging.getLogger(__name__)
 
-ABORT_WAIT_S = 60.0
-ABORT_RETRY_S = 1.0
 VIRT_ONLY = ("disk-check",)  # settings of libvirt runs that the engine's plan refuses
 RAM_CHECK_METHOD = f"in-stream digest ({RAM_CHECK_CAP})"
 T = TypeVar("T")
@@ -160,7 +160,12 @@ class DomainMigration:
         self._aio: asyncio.Runner | None = None  # runs the executor's coroutines
         self.stop_reason: str | None = None
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._interrupt = asyncio.Event()  # the monitor's Ctrl-C (set with _stop)
+        self._job: DomainJob | None = None
+        self._downtime_set = False
+        self._disk_obs: dict[str, Any] | None = None  # this poll's, for the policies
+        self._cpu0: float | None = None
+        self._cpu_last: float | None = None
         self._mig_conn: Any = None
         self._event_id: int | None = None
         self._interruptible = False  # a signal now stops the disk comparison
@@ -335,14 +340,18 @@ class DomainMigration:
 
     # -- phase 2 ------------------------------------------------------------------------
     def migrate(self) -> None:
+        """libvirt's call in a thread of its own (:class:`livemig.virt.job.DomainJob`),
+        watched by the engine's monitor: one fixed-period loop that polls the job,
+        ticks the policies (through the libvirt actuator), applies ``--max-time``,
+        Ctrl-C and the stall watchdog, and aborts the job for any of them."""
         plan = self.run.plan
-        assert plan is not None
+        assert plan is not None and self.executor is not None
         params = dict(plan.params)
         xml = self.dom.XMLDesc(self.libvirt.VIR_DOMAIN_XML_MIGRATABLE)
         if plan.dst_globals or has_stream_globals(xml):
             params[self.libvirt.VIR_MIGRATE_PARAM_DEST_XML] = with_globals(
                 xml, plan.dst_globals)
-        box: dict[str, BaseException] = {}
+        executor = self.executor
         # Ctrl-C / SIGTERM are livemig's from here on: before the call is made they
         # keep it from being made (the source's settings are then put back: finish),
         # after it they abort libvirt's job
@@ -351,13 +360,10 @@ class DomainMigration:
             mig_conn = open_uri(self.opts.src_uri, "--connect")
             mig_dom = lookup(mig_conn, self.opts.domain, self.opts.src_uri)
             self._mig_conn = mig_conn
-
-            def body() -> None:
-                try:
-                    mig_dom.migrateToURI3(self.opts.dst_uri, params, plan.flags)
-                except BaseException as e:  # handed to the main loop
-                    box["error"] = e
-
+            job = DomainJob(self.dom, self.libvirt,
+                            lambda: mig_dom.migrateToURI3(self.opts.dst_uri, params, plan.flags),
+                            lambda: executor.throttle_pct, self.run.event)
+            self._job = job
             self.progress.step(f"migrating {self.opts.domain}: {self.opts.src_uri} -> "
                                f"{self.opts.dst_uri} ({', '.join(plan.flag_names())})")
             shown = {k: (f"<domain XML + {plan.dst_globals}>" if k ==
@@ -366,65 +372,39 @@ class DomainMigration:
             self.run.event("migration started", flags=plan.flag_names(), params=shown)
             self.run.t_migrate = time.time()
             self._watch_iterations()
-            cpu0 = cpu_seconds(self.dom)
-            cpu_last = cpu0
+            self._cpu0 = self._cpu_last = cpu_seconds(self.dom)
             # the destination may be held paused (VIR_MIGRATE_PAUSED): the guard,
             # started with the settings (prepare), resumes it should livemig die
-            thread = threading.Thread(target=body, name="libvirt-migrate", daemon=True)
-            self._thread = thread
+            end: Terminal | None = None
+            failed: str | None = None
             if not self._stop.is_set():
-                thread.start()
-            downtime_set = False
-            abort_until: float | None = None
-            last_abort = 0.0
-            while thread.is_alive():
-                thread.join(plan.poll_interval)
-                if not thread.is_alive():
-                    break
-                now = time.time()
-                if (abort_until is None and self.opts.max_time is not None
-                        and now - self.run.t_migrate > self.opts.max_time):
-                    self.stop_reason = f"--max-time {self.opts.max_time:g} s reached"
-                    self._stop.set()
-                if self._stop.is_set():
-                    if abort_until is None:
-                        abort_until = now + ABORT_WAIT_S
-                        self.progress.step(f"aborting: {self.stop_reason}; the source "
-                                           "keeps running")
-                        self.run.event("abort", reason=self.stop_reason)
-                    if now > abort_until:
-                        break
-                    if now - last_abort >= ABORT_RETRY_S:
-                        # again until it ends: an abort while libvirt is still
-                        # preparing the destination does not stop the migration
-                        last_abort = now
-                        self._abort_job()
-                    continue
-                stats = self._job_stats()
-                if stats is None:
-                    continue
-                if not downtime_set and plan.downtime_ms is not None:
-                    downtime_set = self._set_downtime(plan.downtime_ms, "--set downtime-limit")
-                cpu_last = cpu_seconds(self.dom) or cpu_last
-                if self.run.t_qemu is None:
-                    self._anchor_qemu_start()
-                self._tick(stats)
+                job.start()
+                events = EventStream(self.run.t0)
+                events.log = self.run.events  # one list: the run's events
+                events.subscribe(progress_listener(self.progress))
+                monitor = Monitor(job, events, plan.poll_interval, self.run.t_migrate,
+                                  self.opts.max_time, self._interrupt, executor,
+                                  _Hooks(self, job), self.run.timeline,
+                                  stall_timeout=plan.stall_timeout, release=executor.release)
+                try:
+                    end = self._await(monitor.run())
+                except VMError as e:  # the job did not end within the abort's time
+                    failed = str(e)
         self.run.t_end = time.time()
-        if cpu0 is not None and cpu_last is not None:
-            self.run.cpu["source"] = round(cpu_last - cpu0, 3)
-        err = box.get("error")
-        if thread.ident is None:  # interrupted before the call was made
+        if self._cpu0 is not None and self._cpu_last is not None:
+            self.run.cpu["source"] = round(self._cpu_last - self._cpu0, 3)
+        if not job.started:  # interrupted before the call was made
             self.run.result = Outcome("aborted", self.stop_reason)
-        elif thread.is_alive():
-            self.run.result = Outcome("failed", f"libvirt did not end the migration "
-                                      f"within {ABORT_WAIT_S:g} s of the abort")
-        elif err is None:
+        elif failed is not None or end is None:
+            self.run.result = Outcome("failed", f"libvirt did not end the migration: "
+                                      f"{failed}")
+        elif end.status == "completed":
             self.run.result = Outcome("completed")
-        elif self.stop_reason is not None:
-            self.run.result = Outcome("aborted", self.stop_reason)
+        elif end.status == "cancelled":
+            self.run.result = Outcome("aborted", self.stop_reason or end.cancelled_for)
         else:
-            self.run.result = Outcome("failed", message(err) if isinstance(
-                err, self.libvirt.libvirtError) else repr(err))
+            self.run.result = Outcome("failed", end.cancelled_for
+                                      or str(end.info.get("error-desc") or "failed"))
         if self.run.result.outcome != "completed" and plan.ram_check:
             self.run.ram_check = ram_check_failed(self.run.result.reason or "")
         self.progress.close()
@@ -446,6 +426,7 @@ class DomainMigration:
         def handler(signum: int, _frame: object) -> None:
             self.stop_reason = f"interrupted ({signal.Signals(signum).name})"
             self._stop.set()
+            self._interrupt.set()  # the monitor's limit (nothing awaits it: a flag)
             if self._interruptible:  # once: the comparison's cleanup runs undisturbed
                 self._interruptible = False
                 raise KeyboardInterrupt
@@ -455,6 +436,24 @@ class DomainMigration:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+
+    def _on_poll(self, job: DomainJob, obs: Observation) -> dict[str, Any]:
+        """The run's own work at each of the monitor's polls, once libvirt's job has
+        figures: the downtime limit (libvirt takes it only once its job runs), the
+        source's CPU, when QEMU's ``migrate`` ran, and the disks' figures for the
+        policies and the timeline."""
+        plan = self.run.plan
+        assert plan is not None
+        self._disk_obs = None
+        if obs.status == PREPARE or obs.terminal:
+            return {}
+        if not self._downtime_set and plan.downtime_ms is not None:
+            self._downtime_set = self._set_downtime(plan.downtime_ms, "--set downtime-limit")
+        self._cpu_last = cpu_seconds(self.dom) or self._cpu_last
+        if self.run.t_qemu is None:
+            self._anchor_qemu_start()
+        self._disk_obs = disk_observation(job.stats, self._disk_write_rate())
+        return disk_sample(job.stats)
 
     def _anchor_qemu_start(self) -> None:
         """When QEMU's ``migrate`` ran, from its ``total-time`` (one passthrough query;
@@ -467,35 +466,6 @@ class DomainMigration:
         if info.get("status") in ACTIVE_STATES and isinstance(total, (int, float)):
             self.run.t_qemu = time.time() - total / 1000.0
             self.run.event("qemu migration started", before_s=round(total / 1000.0, 3))
-
-    def _abort_job(self) -> None:
-        try:
-            self.dom.abortJob()
-        except self.libvirt.libvirtError as e:
-            self.run.event("abortJob refused", error=message(e))
-
-    def _job_stats(self) -> dict[str, Any] | None:
-        try:
-            stats: dict[str, Any] = self.dom.jobStats(0)
-        except self.libvirt.libvirtError:
-            return None
-        if stats.get("type", 0) == self.libvirt.VIR_DOMAIN_JOB_NONE:
-            return None
-        return stats
-
-    def _tick(self, stats: dict[str, Any]) -> None:
-        assert self.run.t_migrate is not None and self.executor is not None
-        t = time.time() - self.run.t_migrate
-        snap = snapshot(t, stats, self.executor.throttle_pct, self._disk_write_rate())
-        sample = sample_of(t, stats, snap)
-        self.run.timeline.append(sample)
-        self.progress.sample(t, sample)
-        v = self._await(self.executor.tick(snap))
-        if v.decision is Decision.CANCEL:
-            self.stop_reason = v.reason
-            self._stop.set()
-        elif v.decision in (Decision.FORCE, Decision.POSTCOPY):
-            self.progress.step(v.reason)
 
     def _disk_write_rate(self) -> float | None:
         """Bytes/s the guest writes to the copied disks since the last poll (the IO
@@ -692,7 +662,7 @@ class DomainMigration:
         if self._aio is not None:
             self._aio.close()
             self._aio = None
-        if self._thread is not None and self._thread.is_alive():
+        if self._job is not None and self._job.running:
             return  # a call still runs on these connections: leave them to the exit
         if self._event_id is not None:
             with contextlib.suppress(Exception):
@@ -701,6 +671,26 @@ class DomainMigration:
             if c is not None:
                 with contextlib.suppress(Exception):
                     c.close()
+
+
+class _Hooks:
+    """The monitor's hooks of a libvirt run (libvirt does the switchover and knows
+    its destination: no pre-switchover hand-over, no destination process to watch)."""
+
+    def __init__(self, m: DomainMigration, job: DomainJob) -> None:
+        self.m, self.job = m, job
+
+    async def on_poll(self, now: float, obs: Observation) -> dict[str, Any]:
+        return self.m._on_poll(self.job, obs)
+
+    def disk_observation(self) -> dict[str, Any] | None:
+        return self.m._disk_obs
+
+    async def pre_switchover(self) -> bool:
+        return False
+
+    def destination_dead(self) -> str | None:
+        return None
 
 
 def run_domain_migration(opts: DomainOptions, progress: Progress,

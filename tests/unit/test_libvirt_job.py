@@ -1,0 +1,180 @@
+"""libvirt's migration job driven by the engine's own monitor (``virt/job.py``): the
+same loop, policies, limits and stall watchdog as lab and attach runs. A scripted
+domain stands in for libvirt (pure logic: the real daemons are in
+tests/testbed/test_libvirt_vm.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from livemig.engine.decision import CONTINUE, Decision, Verdict
+from livemig.engine.events import EventStream
+from livemig.engine.monitor import Monitor, Terminal
+from livemig.policy.base import Snapshot
+from livemig.virt.job import DomainJob
+
+M = 1 << 20
+
+
+class LibvirtError(Exception):
+    pass
+
+
+class FakeLibvirt:
+    libvirtError = LibvirtError
+    VIR_DOMAIN_JOB_NONE = 0
+    VIR_DOMAIN_PAUSED = 3
+    VIR_DOMAIN_RUNNING = 1
+    VIR_DOMAIN_PAUSED_POSTCOPY = 12
+
+
+class Domain:
+    """A migration job: ``prepare_s`` of preparing (no figures; an abort then is
+    ignored, as libvirt's is while it prepares the destination), then RAM sent at
+    ``rate`` bytes/s until ``stall_at`` (if given) or until all is sent."""
+
+    def __init__(self, total: int = 64 * M, rate: float = 64 * M, prepare_s: float = 0.05,
+                 stall_at: int | None = None, disk: int = 0) -> None:
+        self.total, self.rate, self.prepare_s = total, rate, prepare_s
+        self.stall_at, self.disk = stall_at, disk
+        self.t0 = time.monotonic()
+        self.aborts: list[float] = []
+        self.aborted = threading.Event()
+
+    def _sent(self) -> tuple[int, int]:
+        """(disk copied, RAM sent) so far."""
+        t = time.monotonic() - self.t0 - self.prepare_s
+        if t < 0:
+            return 0, 0
+        moved = int(t * self.rate)
+        disk = min(self.disk, moved)
+        ram = min(self.total, moved - disk)
+        if self.stall_at is not None:
+            ram = min(ram, self.stall_at)
+        return disk, ram
+
+    def jobStats(self, _flags: int) -> dict[str, Any]:  # noqa: N802 (libvirt's name)
+        if time.monotonic() - self.t0 < self.prepare_s:
+            return {"type": 2}
+        disk, ram = self._sent()
+        return {"type": 2, "memory_total": self.total, "memory_processed": ram,
+                "memory_remaining": self.total - ram, "memory_bps": self.rate,
+                "memory_iteration": 1, "disk_total": self.disk,
+                "disk_remaining": self.disk - disk}
+
+    def abortJob(self) -> None:  # noqa: N802
+        self.aborts.append(time.monotonic() - self.t0)
+        if time.monotonic() - self.t0 >= self.prepare_s:
+            self.aborted.set()
+
+    def state(self) -> tuple[int, int]:
+        return FakeLibvirt.VIR_DOMAIN_RUNNING, 1
+
+    def call(self) -> None:
+        """virDomainMigrateToURI3: returns once all is sent, raises once aborted."""
+        while True:
+            if self.aborted.wait(0.01):
+                raise LibvirtError("operation aborted: migration out job: canceled by client")
+            if self._sent()[1] >= self.total and self.stall_at is None:
+                return
+
+
+class Policies:
+    def __init__(self, cancel_after: int | None = None) -> None:
+        self.seen: list[Snapshot] = []
+        self.cancel_after = cancel_after
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    async def tick(self, s: Snapshot) -> Verdict:
+        self.seen.append(s)
+        if self.cancel_after is not None and len(self.seen) >= self.cancel_after:
+            return Verdict(Decision.CANCEL, "the policy gave up")
+        return CONTINUE
+
+
+class Hooks:
+    def __init__(self, job: DomainJob) -> None:
+        self.job = job
+
+    async def on_poll(self, now: float, obs: Any) -> dict[str, Any]:
+        return {}
+
+    def disk_observation(self) -> dict[str, Any] | None:
+        s = self.job.stats or {}
+        return ({"remaining": s["disk_remaining"], "total": s["disk_total"]}
+                if s.get("disk_total") else None)
+
+    async def pre_switchover(self) -> bool:
+        return False
+
+    def destination_dead(self) -> None:
+        return None
+
+
+def _run(dom: Domain, policies: Policies | None = None, max_time: float | None = None,
+         stall_timeout: float = 0.0) -> tuple[Terminal, DomainJob, list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+    job = DomainJob(dom, FakeLibvirt, dom.call, lambda: 0,
+                    lambda what, **kw: events.append({"event": what, **kw}))
+    timeline: list[dict[str, Any]] = []
+
+    async def go() -> Terminal:
+        job.start()
+        mon = Monitor(job, EventStream(), 0.02, time.time(), max_time, asyncio.Event(),
+                      policies, Hooks(job), timeline, stall_timeout=stall_timeout)
+        return await mon.run()
+    end = asyncio.run(go())
+    job.thread.join(5)
+    return end, job, timeline
+
+
+def test_a_job_that_ends_is_completed_and_its_polls_are_the_timeline() -> None:
+    end, _, timeline = _run(Domain(total=16 * M, rate=64 * M))
+    assert end.status == "completed"
+    assert timeline[0]["status"] == "prepare"
+    assert any(s["status"] == "active" and s["transferred"] for s in timeline)
+
+
+def test_max_time_aborts_again_until_libvirt_has_prepared() -> None:
+    dom = Domain(total=1 << 40, rate=8 * M, prepare_s=0.3)
+    end, _, _ = _run(dom, max_time=0.1)
+    assert end.status == "cancelled" and "--max-time" in str(end.cancelled_for)
+    # the first abort fell into libvirt's preparation and was ignored: it was repeated
+    assert len(dom.aborts) >= 2 and dom.aborts[0] < 0.3 <= dom.aborts[-1]
+
+
+def test_policies_tick_on_the_disk_copy_and_the_ram_not_while_libvirt_prepares() -> None:
+    dom = Domain(total=1 << 40, rate=64 * M, prepare_s=0.1, disk=8 * M)
+    pol = Policies(cancel_after=12)
+    end, _, timeline = _run(dom, pol)
+    assert end.status == "cancelled" and end.cancelled_for == "the policy gave up"
+    assert dom.aborts
+    assert pol.seen[0].disk_total == 8 * M and pol.seen[0].ram_total == 1 << 40
+    assert any(s.disk_remaining == 0 and s.remaining < 1 << 40 for s in pol.seen)
+    statuses = [s["status"] for s in timeline]
+    assert statuses[0] == "prepare" and "disk" in statuses and "active" in statuses
+    assert len(pol.seen) == sum(1 for s in statuses if s in ("disk", "active"))
+
+
+def test_a_job_whose_bytes_stop_is_cancelled_by_the_stall_watchdog() -> None:
+    dom = Domain(total=1 << 40, rate=64 * M, stall_at=4 * M)
+    end, _, _ = _run(dom, stall_timeout=0.3)
+    assert end.status == "cancelled", end
+    assert str(end.cancelled_for).startswith("stalled: no migration bytes moved")
+    assert dom.aborts
+
+
+def test_a_failed_call_is_failed_with_libvirts_message() -> None:
+    class Broken(Domain):
+        def call(self) -> None:
+            raise LibvirtError("internal error: qemu unexpectedly closed the monitor")
+
+    end, _, _ = _run(Broken())
+    assert end.status == "failed"
+    assert "closed the monitor" in end.info["error-desc"]
