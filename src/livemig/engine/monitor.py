@@ -1,6 +1,8 @@
 """The monitor: one fixed-period loop with absolute deadlines.
 
-Each period the source is polled once (``query-migrate``), the reply parsed once
+Each period the source (:class:`MigrationSource`: the source QEMU's QMP, or
+libvirt's migration job adapted to it) is polled once (``query-migrate``), the reply
+parsed once
 into an :class:`Observation`, the policies run (the executor returns a
 :class:`Verdict`), and then the loop waits for the next tick — woken early by the
 source's ``MIGRATION`` events. ``MIGRATION_PASS`` events mark round boundaries.

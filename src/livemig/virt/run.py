@@ -1,15 +1,14 @@
 """One migration of a libvirt domain, driven through libvirt's API.
 
 Phases (one method each): ``prepare`` (connections, domain, what its QEMU offers,
-the plan, the source-side passthrough settings, remembered for restoring) →
-``migrate`` (a thread blocked in ``virDomainMigrateToURI3``, peer-to-peer, while
-the main loop polls ``jobStats()``, runs the engine's policy executor through the
-libvirt actuator (``virt/actuator.py``: the same policies, lease renewal and action
-records as lab and attach runs) and aborts on Ctrl-C, ``--max-time`` or a policy's
-verdict) → ``finish`` (on success: completed
-statistics from the destination, the disk comparison while the destination is held
-paused, then resume it; otherwise: the source keeps running and everything livemig
-changed on it is restored).
+the engine's second plan, the source-side passthrough settings, remembered for
+restoring) → ``migrate`` (``virDomainMigrateToURI3``, peer-to-peer, in a thread of
+its own, watched by the engine's monitor through :mod:`livemig.virt.job`: the same
+loop, policy executor (with the libvirt actuator, ``virt/actuator.py``), limits and
+stall watchdog as lab and attach runs; each of them aborts libvirt's job) →
+``finish`` (on success: completed statistics from the destination, the disk
+comparison while the destination is held paused, then resume it; otherwise: the
+source keeps running and everything livemig changed on it is restored).
 
 livemig never stops or kills the domain: libvirt does the switchover, and on any
 failure or abort libvirt resumes the source; livemig only undoes its own settings.
