@@ -152,15 +152,16 @@ def test_a_stream_is_over_once_its_job_was_seen_and_is_gone(tmp_path: Path) -> N
 def test_the_child_gets_the_sample_and_its_expected_rate(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
-    real = subprocess.Popen
 
-    def popen(cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
-        seen["cmd"], seen["env"] = cmd, kw["env"]
-        return real(["true"])
-    monkeypatch.setattr(run.subprocess, "Popen", popen)
+    def run_child(cmd: list[str], log: Path, env: dict[str, str],
+                  unset: list[str]) -> subprocess.Popen[bytes]:
+        seen["cmd"], seen["env"], seen["unset"] = cmd, env, unset
+        return subprocess.Popen(["true"])
     monkeypatch.setenv(given.ENV, "/elsewhere/inherited.json")
     p = tmp_path / "a.sample.json"
     evac = _evac(tmp_path, _Conn(_Dom([])), sample=p)
+    assert given.ENV not in evac.pool.env  # the children inherit none
+    monkeypatch.setattr(evac.pool, "run", run_child)
     v = evac.vms[0]
     evac._start(v, 12 * M, "why", 4 * M)
     assert seen["env"][given.ENV] == str(p)
@@ -171,7 +172,7 @@ def test_the_child_gets_the_sample_and_its_expected_rate(
     # no sample measured: nothing inherited is passed on either
     v.sample_file = None
     evac._start(v, 12 * M, "why", 12 * M)
-    assert given.ENV not in seen["env"]
+    assert given.ENV not in seen["env"] and given.ENV in seen["unset"]
     assert v.proc is not None
     v.proc.wait()
 

@@ -172,21 +172,32 @@ def _fake_children(monkeypatch: pytest.MonkeyPatch, fail: set[str],
     import json
 
     started: list[str] = []
-    real = subprocess.Popen
 
-    def popen(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
-        name = cmd[cmd.index("--domain") + 1]
-        report = Path(cmd[cmd.index("--report") + 1])
-        started.append(name)
-        ok = name not in fail
-        report.write_text(json.dumps({"outcome": "completed" if ok else "failed",
-                                      "reason": None if ok else "boom",
-                                      "consistency": {"ram": "ok" if ok else None},
-                                      "ram_transferred_bytes": M, "downtime_ms": 50}))
-        return real(["sleep", str(seconds)] if ok or seconds else ["false"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    preexec_fn=kw.get("preexec_fn"))
-    monkeypatch.setattr(run.subprocess, "Popen", popen)
+    class FakePool:
+        def __init__(self, size: int, env: dict[str, str]) -> None:
+            self.env = env
+
+        def fill(self, wanted: int) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+        cold = 0
+
+        def run(self, cmd: list[str], log: Path, env: dict[str, str],
+                unset: list[str]) -> subprocess.Popen[bytes]:
+            name = cmd[cmd.index("--domain") + 1]
+            report = Path(cmd[cmd.index("--report") + 1])
+            started.append(name)
+            ok = name not in fail
+            report.write_text(json.dumps({"outcome": "completed" if ok else "failed",
+                                          "reason": None if ok else "boom",
+                                          "consistency": {"ram": "ok" if ok else None},
+                                          "ram_transferred_bytes": M, "downtime_ms": 50}))
+            return subprocess.Popen(["sleep", str(seconds)] if ok or seconds else ["false"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    monkeypatch.setattr(run, "Pool", FakePool)
     monkeypatch.setattr(run, "POLL_S", 0.05)
     monkeypatch.setattr(run, "RETRY_DELAY_S", 0.1)
     return started

@@ -56,7 +56,7 @@ class Domain:
             ram = min(ram, self.stall_at)
         return disk, ram
 
-    def jobStats(self, _flags: int) -> dict[str, Any]:  # noqa: N802 (libvirt's name)
+    def jobStats(self, _flags: int) -> dict[str, Any]:
         if time.monotonic() - self.t0 < self.prepare_s:
             return {"type": 2}
         disk, ram = self._sent()
@@ -65,7 +65,7 @@ class Domain:
                 "memory_iteration": 1, "disk_total": self.disk,
                 "disk_remaining": self.disk - disk}
 
-    def abortJob(self) -> None:  # noqa: N802
+    def abortJob(self) -> None:
         self.aborts.append(time.monotonic() - self.t0)
         if time.monotonic() - self.t0 >= self.prepare_s:
             self.aborted.set()

@@ -28,13 +28,13 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from livemig.evacuate import schedule
+from livemig.evacuate.pool import Pool
 from livemig.evacuate.schedule import MIGRATING, QUEUED, VmFacts, VmState
 from livemig.sampling import given
 from livemig.virt.conn import libvirt_module
@@ -104,6 +104,9 @@ class Evacuation:
         self.t0 = time.monotonic()
         self.started_at = time.time()  # the drain's first start, seconds since the epoch
         self.events: list[dict[str, Any]] = []
+        # warm children: as many as may start at once
+        env = {k: v for k, v in os.environ.items() if k != given.ENV}
+        self.pool = Pool(max(1, opts.max_parallel), env)
 
     def t(self) -> float:
         return time.monotonic() - self.t0
@@ -124,6 +127,16 @@ class Evacuation:
         self.t0 = time.monotonic()  # --max-time counts the drain, from its first start
         self.started_at = time.time()
         self.o.out.mkdir(parents=True, exist_ok=True)
+        try:
+            self._drain()
+        finally:
+            self.pool.close()
+        for v in self.vms:
+            if v.status == QUEUED:
+                v.status = ABORTED if self.cancelled else SKIPPED
+                v.reason = self.cancelled or v.reason
+
+    def _drain(self) -> None:
         cancel_at = None
         while True:
             now = self.t()
@@ -153,11 +166,9 @@ class Evacuation:
                 for v in running:  # a child that ignores SIGINT: its guardian cleans up
                     if v.proc is not None:
                         v.proc.kill()
+            if not self.cancelled:  # a child warms for each VM that may start next
+                self.pool.fill(len(waiting))
             time.sleep(POLL_S)
-        for v in self.vms:
-            if v.status == QUEUED:
-                v.status = ABORTED if self.cancelled else SKIPPED
-                v.reason = self.cancelled or v.reason
 
     def _act(self, now: float) -> None:
         states = []
@@ -184,7 +195,7 @@ class Evacuation:
             v.started = self.t()
         report = self.o.out / f"{v.name}{'' if v.attempts == 1 else f'.try{v.attempts}'}.json"
         log = self.o.out / f"{v.name}.log"
-        cmd = [sys.executable, "-m", "livemig.cli", "migrate", "--domain", v.name,
+        cmd = ["migrate", "--domain", v.name,
                "--connect", self.o.src_uri, "--to", v.destination,
                "--profile", self.o.profile, "--storage", self.o.storage,
                "--report", str(report), "-q"]
@@ -199,19 +210,17 @@ class Evacuation:
             cmd += ["--set", s]
         if self.o.max_time is not None:
             cmd += ["--max-time", f"{max(1.0, self.o.max_time - self.t() + 5):.0f}"]
-        env = os.environ.copy()
-        env.pop(given.ENV, None)
+        env = {}
         if v.sample_file is not None:  # the child reuses it while it is fresh
             env[given.ENV] = str(v.sample_file)
         with open(log, "ab") as f:
-            f.write(f"$ {' '.join(cmd)}\n".encode())
-            f.flush()
-            v.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
-                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                      env=env, preexec_fn=_interruptible)
+            f.write(f"$ livemig {' '.join(cmd)}\n".encode())
+        cold = self.pool.cold
+        v.proc = self.pool.run(cmd, log, env, [given.ENV])
         v.tries.append({"attempt": v.attempts, "t": round(self.t(), 3), "report": str(report),
                         "bandwidth": round(bandwidth), "expected": round(expected),
-                        "sample_given": v.sample_file is not None})
+                        "sample_given": v.sample_file is not None,
+                        "warm": self.pool.cold == cold})
         self.event("start", vm=v.name, attempt=v.attempts, destination=v.destination,
                    bandwidth=round(bandwidth), expected=round(expected), reason=reason)
 
@@ -327,12 +336,3 @@ def link_rate(bytes_per_s: float) -> str:
     """``--set link-rate=`` for a child: bytes/s as Mbit/s, at least 1 (the setting's
     least)."""
     return f"{max(1.0, bytes_per_s * 8 / 1e6):.1f}mbit"
-
-
-def _interruptible() -> None:
-    """In the child, before it runs: SIGINT as a program gets it by default. An
-    evacuation started in the background (nohup, a script's ``&``) has SIGINT
-    ignored, its children would inherit that, and the cancel (SIGINT to each child)
-    would not reach a child that had not yet installed its own handler."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
