@@ -3,10 +3,17 @@ processes, a harmless argv (``livemig --help``)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from livemig.evacuate import pool as pool_mod
 from livemig.evacuate.pool import Pool
 
 
@@ -48,3 +55,36 @@ def test_a_warm_child_that_died_is_skipped(tmp_path: Path) -> None:
     pool.ready[0].wait()
     p = pool.run(["--help"], tmp_path / "c.log", {}, [])
     assert p.wait(timeout=60) == 0 and pool.cold == 1
+
+
+def test_the_vm_env_reaches_warm_and_cold_children_and_unset_only_drops_inherited(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``unset`` drops what the evacuation inherited, never the VM's own variables:
+    the cold path seen in its Popen arguments, the warm path in a worker whose
+    livemig main is a stand-in that prints its environment."""
+    seen: dict[str, dict[str, str]] = {}
+    real = subprocess.Popen
+
+    def popen(cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        seen["cold"] = dict(kw["env"])
+        return real(["true"])
+    monkeypatch.setattr(pool_mod.subprocess, "Popen", popen)
+    p = Pool(1, _env(KEEP="k", DROP="inherited"))
+    p.run(["x"], tmp_path / "c.log", {"DROP": "the VM's"}, ["DROP"]).wait()
+    assert seen["cold"]["DROP"] == "the VM's" and seen["cold"]["KEEP"] == "k"
+    p.run(["x"], tmp_path / "d.log", {}, ["DROP"]).wait()
+    assert "DROP" not in seen["cold"]
+    monkeypatch.undo()
+    code = ("import json,os,runpy,livemig.cli as c;"
+            "c.main=lambda argv:(print(json.dumps({k:os.environ.get(k) for k in "
+            "('KEEP','DROP','VM')})),0)[1];"
+            "runpy.run_module('livemig.evacuate.worker',run_name='__main__')")
+    w = real([sys.executable, "-c", code], stdin=subprocess.PIPE,
+             env=_env(KEEP="k", DROP="inherited"))
+    assert w.stdin is not None
+    w.stdin.write((json.dumps({"argv": [], "log": str(tmp_path / "w.log"),
+                               "env": {"VM": "v"}, "unset": ["DROP"]}) + "\n").encode())
+    w.stdin.close()
+    assert w.wait(timeout=60) == 0
+    assert json.loads((tmp_path / "w.log").read_text()) == {"KEEP": "k", "DROP": None,
+                                                           "VM": "v"}

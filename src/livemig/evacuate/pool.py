@@ -67,7 +67,7 @@ class Pool:
                 continue
             return p
         self.cold += 1
-        child_env = {k: v for k, v in {**self.env, **env}.items() if k not in unset}
+        child_env = {**{k: v for k, v in self.env.items() if k not in unset}, **env}
         with open(log, "ab") as f:
             return subprocess.Popen([sys.executable, "-m", "livemig.cli", *argv],
                                     stdin=subprocess.DEVNULL, stdout=f,
