@@ -95,7 +95,7 @@ class Options:
 
 class Evacuation:
     def __init__(self, opts: Options, vms: list[Vm], src_conn: Any,
-                 view: Any = None) -> None:
+                 view: Any = None, pool: Pool | None = None) -> None:
         self.o = opts
         self.vms = vms
         self.conn = src_conn
@@ -104,9 +104,10 @@ class Evacuation:
         self.t0 = time.monotonic()
         self.started_at = time.time()  # the drain's first start, seconds since the epoch
         self.events: list[dict[str, Any]] = []
-        # warm children: as many as may start at once
-        env = {k: v for k, v in os.environ.items() if k != given.ENV}
-        self.pool = Pool(max(1, opts.max_parallel), env)
+        # warm children: the caller's (warming since before the measurement), else as
+        # many as may start at once
+        self.pool = pool or Pool(max(1, opts.max_parallel, opts.fixed or 0),
+                                 {k: v for k, v in os.environ.items() if k != given.ENV})
 
     def t(self) -> float:
         return time.monotonic() - self.t0
