@@ -323,6 +323,28 @@ def test_copied_storage_domain_moves_with_its_disk(daemons: dict[str, str],
         _cleanup(name)
 
 
+@pytest.mark.long
+def test_postcopy_hands_the_guest_over_and_nothing_cancels_it(daemons: dict[str, str],
+                                                              tmp_path: Path) -> None:
+    """Post-copy under libvirt, watched by the engine's monitor: ``postcopy-after``
+    asks libvirt to switch (``migrateStartPostCopy``), the job then reads as
+    post-copy (the source paused for it), and ``--max-time`` passing in post-copy
+    cancels nothing (the destination runs the guest): it completes on dst."""
+    name = _unique("lmpost")
+    _define(name, "shared", workload="mem:size=96M,rate=0")
+    try:
+        _wait_busy(name)
+        proc, rep = _migrate(tmp_path, name, "--unsafe", "--bandwidth", "16M",
+                             "--set", "postcopy-after=2", "--max-time", "6")
+        assert proc.returncode == 0, rep.get("reason")
+        assert rep["outcome"] == "completed"
+        assert any(s["status"] == "postcopy-active" for s in rep["timeline"])
+        assert any(e["event"] == "stop not possible in post-copy" for e in rep["events"])
+        assert _where(name) == {"src": None, "dst": "running"}
+    finally:
+        _cleanup(name)
+
+
 def test_max_time_aborts_and_source_keeps_running(daemons: dict[str, str],
                                                   tmp_path: Path) -> None:
     name = _unique("lmabort")
