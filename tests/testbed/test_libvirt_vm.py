@@ -345,6 +345,67 @@ def test_postcopy_hands_the_guest_over_and_nothing_cancels_it(daemons: dict[str,
         _cleanup(name)
 
 
+def _dst_link(state: str) -> None:
+    """dst's end of the migration link (the veth's other end loses its carrier too);
+    livemig's connections to the src daemon do not cross it."""
+    r = subprocess.run(["ip", "netns", "exec", topology.HOSTS["dst"], "ip", "link", "set",
+                        topology.MIG_IF, state], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.long
+def test_link_down_mid_migration_is_aborted_by_the_stall_watchdog(
+        daemons: dict[str, str], tmp_path: Path) -> None:
+    """The stall watchdog under libvirt (the engine's monitor): the migration link
+    dies while RAM moves; livemig aborts libvirt's job for the stall, and the guest
+    runs on the source."""
+    stall_s = 5
+    name = _unique("lmstall")
+    _define(name, "shared", workload="mem:size=96M,rate=0")
+    report = tmp_path / "report.json"
+    proc: subprocess.Popen[str] | None = None
+    t_down: float | None = None
+    try:
+        _wait_busy(name)
+        proc = subprocess.Popen(livemig_cmd(
+            "migrate", "--domain", name, "--connect", libvirtd.uri("src"),
+            "--to", libvirtd.uri("dst"), "--unsafe", "--bandwidth", "8M",
+            "--set", f"stall-timeout={stall_s}", "--max-time", "300",
+            "--report", str(report)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        c = _conn("src")
+        try:
+            dom = c.lookupByName(name)
+            deadline = time.monotonic() + 120
+            while int(dom.jobStats().get("memory_processed") or 0) < 16 << 20:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.5)
+        finally:
+            c.close()
+        _dst_link("down")
+        t_down = time.monotonic()
+        try:
+            out, err = proc.communicate(timeout=240)
+        finally:
+            _dst_link("up")
+        took = time.monotonic() - t_down
+        sys.stdout.write(out)
+        sys.stderr.write(err[-4000:])
+        rep = json.loads(report.read_text())
+        assert rep["outcome"] == "aborted", rep.get("reason")
+        assert proc.returncode == 3
+        assert str(rep["reason"]).startswith("stalled:"), rep["reason"]
+        # the stall seen, the job aborted; libvirt's rollback may then wait on the dead
+        # peer-to-peer connection to dst for its keepalive
+        assert took < stall_s + 90, took
+        assert rep["source_after"]["status"] == "running"
+        assert _where(name)["src"] == "running"
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        _cleanup(name)
+
+
 def test_max_time_aborts_and_source_keeps_running(daemons: dict[str, str],
                                                   tmp_path: Path) -> None:
     name = _unique("lmabort")
