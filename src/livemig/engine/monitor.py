@@ -2,8 +2,7 @@
 
 Each period the source (:class:`MigrationSource`: the source QEMU's QMP, or
 libvirt's migration job adapted to it) is polled once (``query-migrate``), the reply
-parsed once
-into an :class:`Observation`, the policies run (the executor returns a
+parsed once into an :class:`Observation`, the policies run (the executor returns a
 :class:`Verdict`), and then the loop waits for the next tick — woken early by the
 source's ``MIGRATION`` events. ``MIGRATION_PASS`` events mark round boundaries.
 Whatever decides to cancel (a policy, ``--max-time``, Ctrl-C, a dead destination)
@@ -97,8 +96,7 @@ class Terminal:
 
 class Monitor:
     def __init__(self, src: MigrationSource, events: EventStream, period: float,
-                 t_migrate: float,
-                 max_time: float | None, interrupt: asyncio.Event,
+                 t_migrate: float, max_time: float | None, interrupt: asyncio.Event,
                  policies: Policies | None, hooks: MonitorHooks,
                  timeline: list[dict[str, Any]], dst: QmpEnd | None = None,
                  stall_timeout: float = 0.0,
