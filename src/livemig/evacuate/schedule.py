@@ -23,9 +23,8 @@ operator says they have their own):
   ``max_parallel`` migrations start or send (one that has sent everything is only
   finishing and counts for neither); an idle link always starts its head (a reserve
   above the whole link, not heavy: it runs alone); the links take turns, least busy
-  first; a
-  stream expected to end within ``ENDING_S`` (what a start costs before its first
-  byte) holds no room and is not capped, so the next start overlaps its tail;
+  first; a stream expected to end within ``ENDING_S`` (what a start costs before its
+  first byte) holds no room and is not capped, so the next start overlaps its tail;
 - caps are upper limits, under which TCP shares the link evenly (:func:`effective`:
   each stream gets the lesser of its cap and the even level of what is left). A cap
   below the link is set only where that even split would starve a VM of its reserve
