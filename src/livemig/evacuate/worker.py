@@ -1,9 +1,8 @@
 """A warm ``livemig migrate --domain`` child for the evacuation (:mod:`.pool`).
 
-It imports what a libvirt migration needs and builds livemig's argument parser
-(most of a child's start: a cold child took about 3 s before it connected on this
-host, a warm one 0.4 s; about 5 s cold with five TCG guests on two cores,
-docs/results/evacuate-2026-11-27.md), then waits for one line on stdin: a JSON
+It imports what a libvirt migration needs and builds livemig's ``migrate`` parser
+(a child's start: 3.5-5.2 s cold on the busy fleet, five TCG guests on two cores,
+0.1-0.2 s warm; docs/results/evacuate-2026-11-27.md), then waits for one line on stdin: a JSON
 object with the child's ``argv``, its ``log`` file (stdout and stderr go there from
 then on) and its ``env``. It then runs ``livemig`` with that argv and exits with its
 status, exactly as a child started cold would. End of input (the evacuation needed
@@ -25,9 +24,7 @@ def main() -> int:
     from livemig.virt.conn import libvirt_module
 
     libvirt_module()
-    # livemig's parser imports every command's module (1.3 s of a cold child's start
-    # on this host): built here once
-    cli._build_parser()
+    cli._build_parser("migrate")
     line = sys.stdin.readline()
     if not line.strip():
         return 0
