@@ -2,9 +2,9 @@
 
 It imports what a libvirt migration needs and builds livemig's ``migrate`` parser
 (a child's start: 3.5-5.2 s cold on the busy fleet, five TCG guests on two cores,
-0.1-0.2 s warm; docs/results/evacuate-2026-11-27.md), then waits for one line on stdin: a JSON
-object with the child's ``argv``, its ``log`` file (stdout and stderr go there from
-then on) and its ``env``. It then runs ``livemig`` with that argv and exits with its
+0.1-0.2 s warm; docs/results/evacuate-2026-11-27.md), then waits for one line on
+stdin: a JSON object with the child's ``argv``, its ``log`` file (stdout and stderr
+go there from then on) and its ``env``. It then runs ``livemig`` with that argv and exits with its
 status, exactly as a child started cold would. End of input (the evacuation needed
 no more children, or it died) ends it without touching anything.
 """
