@@ -10,9 +10,12 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from livemig.engine.decision import CONTINUE, Decision, Verdict
 from livemig.engine.events import EventStream
 from livemig.engine.monitor import Monitor, Terminal
+from livemig.errors import VMError
 from livemig.policy.base import Snapshot
 from livemig.virt.job import DomainJob
 
@@ -178,3 +181,63 @@ def test_a_failed_call_is_failed_with_libvirts_message() -> None:
     end, _, _ = _run(Broken())
     assert end.status == "failed"
     assert "closed the monitor" in end.info["error-desc"]
+
+
+class Stuck(Domain):
+    """libvirt's call does not return after the abort (its rollback waits on a dead
+    link to the destination daemon); the source QEMU's own migration says
+    ``qemu_status`` once aborted, and the domain is in ``state``."""
+
+    def __init__(self, qemu_status: str, state: int = FakeLibvirt.VIR_DOMAIN_RUNNING) -> None:
+        super().__init__(total=1 << 40, rate=8 * M)
+        self.qemu_status, self.run_state = qemu_status, state
+        self.release = threading.Event()
+
+    def call(self) -> None:
+        self.release.wait(30)
+        raise LibvirtError("operation aborted")
+
+    def state(self) -> tuple[int, int]:
+        return self.run_state, 1
+
+    def qemu(self) -> dict[str, Any]:
+        return {"status": self.qemu_status if self.aborted.is_set() else "active"}
+
+
+def _run_stuck(dom: Stuck, monkeypatch: Any) -> Terminal:
+    from livemig.engine import monitor as monitor_mod
+    from livemig.virt import job as job_mod
+
+    monkeypatch.setattr(job_mod, "DETACH_AFTER_S", 0.2)
+    monkeypatch.setattr(monitor_mod, "CANCEL_TIMEOUT_S", 2.0)
+    events: list[dict[str, Any]] = []
+    job = DomainJob(dom, FakeLibvirt, dom.call, lambda: 0,
+                    lambda what, **kw: events.append({"event": what, **kw}), dom.qemu)
+
+    async def go() -> Terminal:
+        job.start()
+        mon = Monitor(job, EventStream(), 0.02, time.time(), 0.2, asyncio.Event(),
+                      None, Hooks(job), [])
+        return await mon.run()
+    try:
+        return asyncio.run(go())
+    finally:
+        dom.release.set()
+        job.thread.join(5)
+
+
+def test_a_cancelled_job_whose_call_hangs_ends_once_qemu_cancelled_and_the_guest_runs(
+        monkeypatch: Any) -> None:
+    dom = Stuck("cancelled")
+    t0 = time.monotonic()
+    end = _run_stuck(dom, monkeypatch)
+    assert end.status == "cancelled" and "--max-time" in str(end.cancelled_for)
+    assert "libvirt's call had not returned" in end.info["error-desc"]
+    assert time.monotonic() - t0 < 2.0  # not the monitor's cancel timeout
+
+
+def test_a_hanging_call_is_not_left_while_qemu_still_migrates_or_the_guest_is_paused(
+        monkeypatch: Any) -> None:
+    for dom in (Stuck("active"), Stuck("cancelled", FakeLibvirt.VIR_DOMAIN_PAUSED)):
+        with pytest.raises(VMError, match="after migrate_cancel"):
+            _run_stuck(dom, monkeypatch)

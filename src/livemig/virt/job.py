@@ -13,6 +13,14 @@ and limits as lab and attach runs) polls and cancels it through this adapter:
   ``ABORT_RETRY_S`` until the call ends: an abort while libvirt still prepares the
   destination does not stop the migration;
 - the call's end is the ``MIGRATION`` event that wakes the monitor.
+
+A cancelled job whose call does not return is over all the same once the source
+QEMU's own migration has ended (``cancelled`` or ``failed``: it can no longer
+complete) and the domain runs on the source: on a dead link libvirt's rollback
+waits for its peer-to-peer connection to the destination daemon to time out
+(over 60 s seen), while the guest already runs on. After ``DETACH_AFTER_S`` the
+job then reads as ended; the call is left to libvirt's daemon, which finishes its
+rollback on its own.
 """
 
 from __future__ import annotations
@@ -28,18 +36,26 @@ from livemig.virt.conn import message
 from livemig.virt.stats import query_migrate
 
 ABORT_RETRY_S = 1.0
+# a cancelled job's call may take this long to return before the source QEMU's own
+# migration status decides (libvirt's abort and rollback take a second or two)
+DETACH_AFTER_S = 5.0
 
 
 class DomainJob:
     def __init__(self, dom: Any, libvirt: Any, call: Callable[[], None],
-                 throttle: Callable[[], int], event: Callable[..., None]) -> None:
+                 throttle: Callable[[], int], event: Callable[..., None],
+                 qemu_migration: Callable[[], Any] | None = None) -> None:
         self.dom = dom
         self.libvirt = libvirt
         self.throttle = throttle  # the throttle livemig set (the executor's)
         self.event = event
+        # the source QEMU's own query-migrate (libvirt's monitor passthrough)
+        self.qemu_migration = qemu_migration
         self.error: BaseException | None = None
         self.stats: dict[str, Any] | None = None  # the last poll's job statistics
         self.cancelling = False
+        self.detached: str | None = None  # the source QEMU's status, once left to libvirt
+        self._first_abort: float | None = None
         self._last_abort = 0.0
 
         def body() -> None:
@@ -86,6 +102,18 @@ class DomainJob:
     def _query(self) -> dict[str, Any]:
         if not self.thread.is_alive():
             return self.ended()
+        if self.detached is None and self.cancelling:
+            over = self._qemu_over()
+            if over is not None:
+                self.detached = over
+                self.event("left to libvirt", qemu_status=over, reason="the source QEMU's "
+                           "migration has ended and the domain runs on the source; "
+                           "libvirt's call has not returned (its rollback waits on the "
+                           "destination)")
+        if self.detached is not None:
+            return {"status": "cancelled" if self.detached == "cancelled" else "failed",
+                    "error-desc": f"the source QEMU's migration {self.detached}; "
+                                  "libvirt's call had not returned"}
         if self.cancelling and time.monotonic() - self._last_abort >= ABORT_RETRY_S:
             self._abort()
         try:
@@ -106,7 +134,25 @@ class DomainJob:
         return bool(state == self.libvirt.VIR_DOMAIN_PAUSED
                     and reason == self.libvirt.VIR_DOMAIN_PAUSED_POSTCOPY)
 
+    def _qemu_over(self) -> str | None:
+        """``cancelled`` or ``failed`` when, ``DETACH_AFTER_S`` after the first abort,
+        the source QEMU's migration has ended so and the domain runs; else None."""
+        first = self._first_abort
+        if self.qemu_migration is None or first is None \
+                or time.monotonic() - first < DETACH_AFTER_S:
+            return None
+        try:
+            status = str((self.qemu_migration() or {}).get("status"))
+            state, _ = self.dom.state()
+        except Exception:  # libvirt or the passthrough refused: not known, wait on
+            return None
+        if status in ("cancelled", "failed") and state == self.libvirt.VIR_DOMAIN_RUNNING:
+            return status
+        return None
+
     def _abort(self) -> None:
+        if self._first_abort is None:
+            self._first_abort = time.monotonic()
         self._last_abort = time.monotonic()
         try:
             self.dom.abortJob()

@@ -361,7 +361,8 @@ class DomainMigration:
             self._mig_conn = mig_conn
             job = DomainJob(self.dom, self.libvirt,
                             lambda: mig_dom.migrateToURI3(self.opts.dst_uri, params, plan.flags),
-                            lambda: executor.throttle_pct, self.run.event)
+                            lambda: executor.throttle_pct, self.run.event,
+                            lambda: qmp.command(self.dom, "query-migrate"))
             self._job = job
             self.progress.step(f"migrating {self.opts.domain}: {self.opts.src_uri} -> "
                                f"{self.opts.dst_uri} ({', '.join(plan.flag_names())})")
