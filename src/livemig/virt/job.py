@@ -20,7 +20,9 @@ complete) and the domain runs on the source: on a dead link libvirt's rollback
 waits for its peer-to-peer connection to the destination daemon to time out
 (over 60 s seen), while the guest already runs on. After ``DETACH_AFTER_S`` the
 job then reads as ended; the call is left to libvirt's daemon, which finishes its
-rollback on its own.
+rollback on its own. A source QEMU still ``cancelling`` then (its threads blocked
+on the dead link: a send with TLS and multifd, the return path) is yanked first
+(QMP ``yank`` of its migration channels, through the passthrough).
 """
 
 from __future__ import annotations
@@ -44,13 +46,16 @@ DETACH_AFTER_S = 5.0
 class DomainJob:
     def __init__(self, dom: Any, libvirt: Any, call: Callable[[], None],
                  throttle: Callable[[], int], event: Callable[..., None],
-                 qemu_migration: Callable[[], Any] | None = None) -> None:
+                 qemu_migration: Callable[[], Any] | None = None,
+                 yank: Callable[[], Any] | None = None) -> None:
         self.dom = dom
         self.libvirt = libvirt
         self.throttle = throttle  # the throttle livemig set (the executor's)
         self.event = event
         # the source QEMU's own query-migrate (libvirt's monitor passthrough)
         self.qemu_migration = qemu_migration
+        self.yank = yank  # QMP yank of the source QEMU's migration channels
+        self.yanked = False
         self.error: BaseException | None = None
         self.stats: dict[str, Any] | None = None  # the last poll's job statistics
         self.cancelling = False
@@ -148,6 +153,17 @@ class DomainJob:
             return None
         if status in ("cancelled", "failed") and state == self.libvirt.VIR_DOMAIN_RUNNING:
             return status
+        if status == "cancelling" and self.yank is not None and not self.yanked:
+            # QEMU's threads are blocked on the dead link (a send, the return path):
+            # its yank shuts the migration channels down, as the engine's switchover
+            # watch does for lab and attach runs
+            self.yanked = True
+            try:
+                self.yank()
+                self.event("yanked", reason="the source QEMU was still cancelling "
+                           f"{DETACH_AFTER_S:g} s after the abort")
+            except Exception as e:  # said, and the wait goes on
+                self.event("yank failed", error=str(e))
         return None
 
     def _abort(self) -> None:

@@ -362,7 +362,9 @@ class DomainMigration:
             job = DomainJob(self.dom, self.libvirt,
                             lambda: mig_dom.migrateToURI3(self.opts.dst_uri, params, plan.flags),
                             lambda: executor.throttle_pct, self.run.event,
-                            lambda: qmp.command(self.dom, "query-migrate"))
+                            lambda: qmp.command(self.dom, "query-migrate"),
+                            lambda: qmp.command(self.dom, "yank",
+                                                instances=[{"type": "migration"}]))
             self._job = job
             self.progress.step(f"migrating {self.opts.domain}: {self.opts.src_uri} -> "
                                f"{self.opts.dst_uri} ({', '.join(plan.flag_names())})")
