@@ -203,6 +203,11 @@ class Stuck(Domain):
     def qemu(self) -> dict[str, Any]:
         return {"status": self.qemu_status if self.aborted.is_set() else "active"}
 
+    def yank(self) -> None:
+        self.yanks = getattr(self, "yanks", 0) + 1
+        if self.qemu_status == "cancelling":
+            self.qemu_status = "cancelled"  # the channels shut down: the threads end
+
 
 def _run_stuck(dom: Stuck, monkeypatch: Any) -> Terminal:
     from livemig.engine import monitor as monitor_mod
@@ -212,7 +217,8 @@ def _run_stuck(dom: Stuck, monkeypatch: Any) -> Terminal:
     monkeypatch.setattr(monitor_mod, "CANCEL_TIMEOUT_S", 2.0)
     events: list[dict[str, Any]] = []
     job = DomainJob(dom, FakeLibvirt, dom.call, lambda: 0,
-                    lambda what, **kw: events.append({"event": what, **kw}), dom.qemu)
+                    lambda what, **kw: events.append({"event": what, **kw}), dom.qemu,
+                    dom.yank)
 
     async def go() -> Terminal:
         job.start()
@@ -241,3 +247,15 @@ def test_a_hanging_call_is_not_left_while_qemu_still_migrates_or_the_guest_is_pa
     for dom in (Stuck("active"), Stuck("cancelled", FakeLibvirt.VIR_DOMAIN_PAUSED)):
         with pytest.raises(VMError, match="after migrate_cancel"):
             _run_stuck(dom, monkeypatch)
+
+
+def test_a_source_qemu_stuck_cancelling_is_yanked_once_then_the_job_ends(
+        monkeypatch: Any) -> None:
+    dom = Stuck("cancelling")
+    end = _run_stuck(dom, monkeypatch)
+    assert end.status == "cancelled" and dom.yanks == 1
+    assert "cancelled; libvirt's call had not returned" in end.info["error-desc"]
+    # never yanked where QEMU's migration had ended by itself
+    done = Stuck("cancelled")
+    _run_stuck(done, monkeypatch)
+    assert not hasattr(done, "yanks")
