@@ -12,6 +12,7 @@ import pytest
 
 from livemig.errors import UsageError
 from livemig.evacuate import fleet, report, run, view
+from livemig.evacuate.pool import _interruptible as pool_interruptible
 from livemig.evacuate.schedule import SHARED_LINK, VmFacts, simulate
 from livemig.policy.encoding import Codec, Sample
 
@@ -195,8 +196,10 @@ def _fake_children(monkeypatch: pytest.MonkeyPatch, fail: set[str],
                                           "reason": None if ok else "boom",
                                           "consistency": {"ram": "ok" if ok else None},
                                           "ram_transferred_bytes": M, "downtime_ms": 50}))
+            # SIGINT as the pool's children get it (the test may run with it ignored)
             return subprocess.Popen(["sleep", str(seconds)] if ok or seconds else ["false"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    preexec_fn=pool_interruptible)
     monkeypatch.setattr(run, "Pool", FakePool)
     monkeypatch.setattr(run, "POLL_S", 0.05)
     monkeypatch.setattr(run, "RETRY_DELAY_S", 0.1)
