@@ -217,8 +217,8 @@ def _run_stuck(dom: Stuck, monkeypatch: Any) -> Terminal:
     monkeypatch.setattr(monitor_mod, "CANCEL_TIMEOUT_S", 2.0)
     events: list[dict[str, Any]] = []
     job = DomainJob(dom, FakeLibvirt, dom.call, lambda: 0,
-                    lambda what, **kw: events.append({"event": what, **kw}), dom.qemu,
-                    dom.yank)
+                    lambda what, **kw: events.append({"event": what, **kw}),
+                    qemu_migration=dom.qemu, yank=dom.yank)
 
     async def go() -> Terminal:
         job.start()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import signal
 import sys
 import time
@@ -14,7 +13,6 @@ from urllib.parse import urlsplit
 
 from livemig.errors import SetupError, UsageError
 from livemig.evacuate.pool import Pool
-from livemig.sampling import given
 from livemig.settings import PROFILES, parse_sets
 from livemig.units import parse_link_rate
 
@@ -126,7 +124,7 @@ def _link_bytes(a: argparse.Namespace, testbed: bool) -> float:
 
 
 def cmd_evacuate(a: argparse.Namespace) -> int:
-    from livemig.evacuate import fleet
+    from livemig.evacuate import fleet, run
     from livemig.virt.conn import open_uri, testbed_side
 
     dsts = _check(a)
@@ -140,13 +138,12 @@ def cmd_evacuate(a: argparse.Namespace) -> int:
     if not names:
         print("livemig: nothing to evacuate: no running domain selected on the source")
         return 0
-    fixed = int(a.scheduler.split(":")[1]) if a.scheduler != "livemig" else None
+    fixed = run.fixed_concurrency(a.scheduler)
     pool = None
     if not a.dry_run:
         # the first wave's children warm while the destinations are checked (the
         # doctor's gate waits on libvirt and a probed QEMU, not on this host's CPU)
-        pool = Pool(min(len(names), max(a.max_parallel, fixed or 0)),
-                    {k: v for k, v in os.environ.items() if k != given.ENV})
+        pool = run.warm_pool(len(names), a.max_parallel, fixed)
         pool.fill(len(names))
     try:
         return _evacuate(a, src, names, dsts, link, separate, fixed, pool)
@@ -160,12 +157,10 @@ def _evacuate(a: argparse.Namespace, src: Any, names: list[str], dsts: list[str]
     from livemig.evacuate import fleet, report, run, schedule, view
     from livemig.virt.conn import open_uri
 
+    t_doctor = time.monotonic()
     if not a.no_doctor:
-        t_doctor = time.monotonic()
         doctor_gate(src, names, a.connect, dsts)
-        doctor_s = time.monotonic() - t_doctor
-    else:
-        doctor_s = 0.0
+    doctor_s = time.monotonic() - t_doctor
     free: dict[str, int] = {}
     for u in dsts:
         c = open_uri(u, "destination")

@@ -89,8 +89,19 @@ class Options:
 
     @property
     def fixed(self) -> int | None:
-        return int(self.scheduler.split(":", 1)[1]) if self.scheduler.startswith(
-            "fixed:") else None
+        return fixed_concurrency(self.scheduler)
+
+
+def fixed_concurrency(scheduler: str) -> int | None:
+    """N of a ``fixed:N`` scheduler, None for livemig's."""
+    return int(scheduler.split(":", 1)[1]) if scheduler.startswith("fixed:") else None
+
+
+def warm_pool(vms: int, max_parallel: int, fixed: int | None) -> Pool:
+    """Warm children for the first wave (``max_parallel``, or N of ``fixed:N``),
+    whose environment names no page sample (each VM's own is passed to its child)."""
+    return Pool(min(vms, max(1, max_parallel, fixed or 0)),
+                {k: v for k, v in os.environ.items() if k != given.ENV})
 
 
 class Evacuation:
@@ -104,10 +115,9 @@ class Evacuation:
         self.t0 = time.monotonic()
         self.started_at = time.time()  # the drain's first start, seconds since the epoch
         self.events: list[dict[str, Any]] = []
-        # warm children: the caller's (warming since before the measurement), else as
-        # many as may start at once
-        self.pool = pool or Pool(max(1, opts.max_parallel, opts.fixed or 0),
-                                 {k: v for k, v in os.environ.items() if k != given.ENV})
+        # warm children: the caller's (warming since before the measurement), else
+        # the first wave's
+        self.pool = pool or warm_pool(len(vms), opts.max_parallel, opts.fixed)
 
     def t(self) -> float:
         return time.monotonic() - self.t0

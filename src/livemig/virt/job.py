@@ -45,20 +45,23 @@ DETACH_AFTER_S = 5.0
 
 class DomainJob:
     def __init__(self, dom: Any, libvirt: Any, call: Callable[[], None],
-                 throttle: Callable[[], int], event: Callable[..., None],
+                 throttle: Callable[[], int], event: Callable[..., None], *,
+                 postcopy: bool = False,
                  qemu_migration: Callable[[], Any] | None = None,
                  yank: Callable[[], Any] | None = None) -> None:
         self.dom = dom
         self.libvirt = libvirt
         self.throttle = throttle  # the throttle livemig set (the executor's)
         self.event = event
+        # the call may switch to post-copy (VIR_MIGRATE_POSTCOPY): only then is the
+        # domain's state read at each poll
+        self.postcopy = postcopy
         # the source QEMU's own query-migrate (libvirt's monitor passthrough)
         self.qemu_migration = qemu_migration
         self.yank = yank  # QMP yank of the source QEMU's migration channels
         self.yanked = False
         self.error: BaseException | None = None
         self.stats: dict[str, Any] | None = None  # the last poll's job statistics
-        self.cancelling = False
         self.detached: str | None = None  # the source QEMU's status, once left to libvirt
         self._first_abort: float | None = None
         self._last_abort = 0.0
@@ -81,11 +84,15 @@ class DomainJob:
     def running(self) -> bool:
         return self.thread.is_alive()
 
+    @property
+    def cancelling(self) -> bool:
+        """``migrate_cancel`` was asked."""
+        return self._first_abort is not None
+
     async def cmd(self, command: str, **_args: Any) -> Any:
         if command == "query-migrate":
             return self._query()
         if command == "migrate_cancel":
-            self.cancelling = True
             self._abort()
             return {}
         raise VMError(f"{command}: not a command of libvirt's migration job")
@@ -108,7 +115,7 @@ class DomainJob:
         if not self.thread.is_alive():
             return self.ended()
         if self.detached is None and self.cancelling:
-            over = self._qemu_over()
+            over = self._after_abort()
             if over is not None:
                 self.detached = over
                 self.event("left to libvirt", qemu_status=over, reason="the source QEMU's "
@@ -132,6 +139,8 @@ class DomainJob:
 
     def _postcopy(self) -> bool:
         """The source paused for post-copy: the destination runs the guest."""
+        if not self.postcopy:
+            return False
         try:
             state, reason = self.dom.state()
         except self.libvirt.libvirtError:
@@ -139,9 +148,10 @@ class DomainJob:
         return bool(state == self.libvirt.VIR_DOMAIN_PAUSED
                     and reason == self.libvirt.VIR_DOMAIN_PAUSED_POSTCOPY)
 
-    def _qemu_over(self) -> str | None:
-        """``cancelled`` or ``failed`` when, ``DETACH_AFTER_S`` after the first abort,
-        the source QEMU's migration has ended so and the domain runs; else None."""
+    def _after_abort(self) -> str | None:
+        """``DETACH_AFTER_S`` after the first abort: ``cancelled`` or ``failed`` when
+        the source QEMU's migration has ended so and the domain runs; else None, and a
+        source QEMU still ``cancelling`` is yanked (once)."""
         first = self._first_abort
         if self.qemu_migration is None or first is None \
                 or time.monotonic() - first < DETACH_AFTER_S:

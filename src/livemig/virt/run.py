@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -56,6 +55,7 @@ from livemig.virt.plan import (
     LIBVIRT_RESET_CAPS,
     LIBVIRT_RESET_PARAMS,
     PAUSED,
+    POSTCOPY,
     RAM_CHECK_CAP,
     STREAM_PARAMS,
     Plan,
@@ -158,8 +158,8 @@ class DomainMigration:
         self.journaled: dict[str, Any] = {}  # what the journal says (virt/journal.py)
         self._aio: asyncio.Runner | None = None  # runs the executor's coroutines
         self.stop_reason: str | None = None
-        self._stop = threading.Event()
-        self._interrupt = asyncio.Event()  # the monitor's Ctrl-C (set with _stop)
+        # Ctrl-C / SIGTERM: keeps the call from being made, else the monitor's limit
+        self._interrupt = asyncio.Event()
         self._job: DomainJob | None = None
         self._downtime_set = False
         self._disk_obs: dict[str, Any] | None = None  # this poll's, for the policies
@@ -362,9 +362,10 @@ class DomainMigration:
             job = DomainJob(self.dom, self.libvirt,
                             lambda: mig_dom.migrateToURI3(self.opts.dst_uri, params, plan.flags),
                             lambda: executor.throttle_pct, self.run.event,
-                            lambda: qmp.command(self.dom, "query-migrate"),
-                            lambda: qmp.command(self.dom, "yank",
-                                                instances=[{"type": "migration"}]))
+                            postcopy=bool(plan.flags & POSTCOPY),
+                            qemu_migration=lambda: qmp.command(self.dom, "query-migrate"),
+                            yank=lambda: qmp.command(self.dom, "yank",
+                                                     instances=[{"type": "migration"}]))
             self._job = job
             self.progress.step(f"migrating {self.opts.domain}: {self.opts.src_uri} -> "
                                f"{self.opts.dst_uri} ({', '.join(plan.flag_names())})")
@@ -379,7 +380,7 @@ class DomainMigration:
             # started with the settings (prepare), resumes it should livemig die
             end: Terminal | None = None
             failed: str | None = None
-            if not self._stop.is_set():
+            if not self._interrupt.is_set():
                 job.start()
                 events = EventStream(self.run.t0)
                 events.log = self.run.events  # one list: the run's events
@@ -427,8 +428,7 @@ class DomainMigration:
     def _signals(self) -> Iterator[None]:
         def handler(signum: int, _frame: object) -> None:
             self.stop_reason = f"interrupted ({signal.Signals(signum).name})"
-            self._stop.set()
-            self._interrupt.set()  # the monitor's limit (nothing awaits it: a flag)
+            self._interrupt.set()  # nothing awaits it: a flag the monitor reads
             if self._interruptible:  # once: the comparison's cleanup runs undisturbed
                 self._interruptible = False
                 raise KeyboardInterrupt
