@@ -25,6 +25,7 @@ representative=(
     /x86_64/migration/switchover-drain/multifd
     /x86_64/migration/ram-sample
     /x86_64/migration/switchover-drain/tcg-tlb
+    /x86_64/migration/switchover-drain/tcg-tlb-ram-blocks
 )
 usage() {
     echo "usage: qemu/run-qtests.sh [--full] [--slow] [--representative] [-p TESTPATH]..."
