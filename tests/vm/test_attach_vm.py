@@ -337,3 +337,42 @@ def has_command_at_start(d: Path) -> bool:
         return has_command(probe / "probe.qmp", "x-query-ram-digest")
     finally:
         stop(p)
+
+
+def test_attach_numa_guest_second_ram_block_verified(tmp_path: Path) -> None:
+    """A guest with two NUMA nodes (one memory backend each, so two RAM blocks, the
+    second not at ram_addr 0) writing flat out: the profile's sample covers both
+    blocks and the destination's RAM compares equal. Before patch 0010 the TCG
+    dirty tracking of the second block was never re-armed and 1 to 8 of its pages
+    differed in most such migrations (this test: 3 of 4); stock QEMU cannot verify
+    (no digest)."""
+    if not has_command_at_start(tmp_path):
+        pytest.skip("stock QEMU: no x-query-ram-digest, RAM not verified")
+    numa = ["-object", "memory-backend-ram,id=m0,size=512M",
+            "-object", "memory-backend-ram,id=m1,size=512M",
+            "-numa", "node,memdev=m0", "-numa", "node,memdev=m1"]
+    workload = "mem:size=256M,rate=0,hot=80/10,touch=128"
+    procs = []
+    try:
+        src = start_qemu(tmp_path, "src", workload, memory="1G", extra=numa)
+        dst = start_qemu(tmp_path, "dst", workload, memory="1G", incoming=True,
+                         paused=True, extra=numa)
+        procs += [src, dst]
+        time.sleep(6)  # the guest boots and its writer fills both nodes
+        report = tmp_path / "r.json"
+        proc = subprocess.run(attach(tmp_path / "src.qmp", tmp_path / "dst.qmp", report,
+                                     "--profile", "livemig", "--max-time", "120", "-q"),
+                              capture_output=True, text=True, timeout=300)
+        sys.stdout.write(proc.stdout + proc.stderr[-3000:])
+        rep = json.loads(report.read_text())
+        detail = rep["consistency"]["ram_detail"]
+        assert rep["consistency"]["ram"] == "ok", detail
+        assert proc.returncode == 0 and rep["outcome"] == "completed"
+        assert detail["method"] == "digest"
+        sampler = rep["encoding"]["sampler"]  # QEMU's sampler, over both nodes' RAM
+        assert sampler["name"] == "qemu" and sampler["qemu"]["ram-bytes"] >= 1 << 30
+        assert qmp(tmp_path / "dst.qmp", "query-status")["status"] == "running"
+        assert guest_progress(tmp_path / "dst.agent") > 0
+    finally:
+        for p in procs:
+            stop(p)
