@@ -70,7 +70,9 @@ async def check_ends(src: Endpoint, dst: Endpoint, plan: Plan) -> None:
             i = argv.index("-incoming")
             if i + 1 < len(argv) and argv[i + 1] != "defer":
                 raise UsageError(f"destination {dst.socket_path}: started with -incoming "
-                                 f"{argv[i + 1]}; livemig needs -incoming defer")
+                                 f"{argv[i + 1]}; livemig needs -incoming defer (a QEMU "
+                                 "listening from its start refuses multifd): restart it "
+                                 "with -incoming defer -S and give livemig --uri")
         if plan.verify and "-S" not in argv:
             raise UsageError(f"destination {dst.socket_path}: not started with -S: it "
                              "would run before its RAM is verified (add -S, or "
