@@ -10,7 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -361,6 +363,37 @@ def has_command_at_start(d: Path) -> bool:
         stop(p)
 
 
+@contextlib.contextmanager
+def _hand_started(d: Path, workload: str, extra: list[str]
+                  ) -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
+    """A 1 GiB source running ``workload`` and its -incoming defer -S destination,
+    both with ``extra``; killed at the end."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs.append(start_qemu(d, "src", workload, memory="1G", extra=extra))
+        procs.append(start_qemu(d, "dst", workload, memory="1G", incoming=True,
+                                paused=True, extra=extra))
+        time.sleep(6)  # the guest boots and its writer fills its RAM
+        yield procs[0], procs[1]
+    finally:
+        for p in procs:
+            stop(p)
+
+
+def _attach_verified(d: Path) -> dict[str, Any]:
+    """livemig's profile between the two; the migration completed and RAM compared
+    equal; the report."""
+    report = d / "r.json"
+    proc = subprocess.run(attach(d / "src.qmp", d / "dst.qmp", report, "--profile",
+                                 "livemig", "--max-time", "120", "-q"),
+                          capture_output=True, text=True, timeout=300)
+    sys.stdout.write(proc.stdout + proc.stderr[-3000:])
+    rep: dict[str, Any] = json.loads(report.read_text())
+    assert rep["consistency"]["ram"] == "ok", rep["consistency"]["ram_detail"]
+    assert proc.returncode == 0 and rep["outcome"] == "completed"
+    return rep
+
+
 def test_attach_numa_guest_second_ram_block_verified(tmp_path: Path) -> None:
     """A guest with two NUMA nodes (one memory backend each, so two RAM blocks, the
     second not at ram_addr 0) writing flat out: the profile's sample covers both
@@ -373,31 +406,13 @@ def test_attach_numa_guest_second_ram_block_verified(tmp_path: Path) -> None:
     numa = ["-object", "memory-backend-ram,id=m0,size=512M",
             "-object", "memory-backend-ram,id=m1,size=512M",
             "-numa", "node,memdev=m0", "-numa", "node,memdev=m1"]
-    workload = "mem:size=256M,rate=0,hot=80/10,touch=128"
-    procs = []
-    try:
-        src = start_qemu(tmp_path, "src", workload, memory="1G", extra=numa)
-        dst = start_qemu(tmp_path, "dst", workload, memory="1G", incoming=True,
-                         paused=True, extra=numa)
-        procs += [src, dst]
-        time.sleep(6)  # the guest boots and its writer fills both nodes
-        report = tmp_path / "r.json"
-        proc = subprocess.run(attach(tmp_path / "src.qmp", tmp_path / "dst.qmp", report,
-                                     "--profile", "livemig", "--max-time", "120", "-q"),
-                              capture_output=True, text=True, timeout=300)
-        sys.stdout.write(proc.stdout + proc.stderr[-3000:])
-        rep = json.loads(report.read_text())
-        detail = rep["consistency"]["ram_detail"]
-        assert rep["consistency"]["ram"] == "ok", detail
-        assert proc.returncode == 0 and rep["outcome"] == "completed"
-        assert detail["method"] == "digest"
+    with _hand_started(tmp_path, "mem:size=256M,rate=0,hot=80/10,touch=128", numa):
+        rep = _attach_verified(tmp_path)
+        assert rep["consistency"]["ram_detail"]["method"] == "digest"
         sampler = rep["encoding"]["sampler"]  # QEMU's sampler, over both nodes' RAM
         assert sampler["name"] == "qemu" and sampler["qemu"]["ram-bytes"] >= 1 << 30
         assert qmp(tmp_path / "dst.qmp", "query-status")["status"] == "running"
         assert guest_progress(tmp_path / "dst.agent") > 0
-    finally:
-        for p in procs:
-            stop(p)
 
 
 def _rss_shmem_mib(pid: int) -> int:
@@ -417,25 +432,8 @@ def test_attach_memfd_guest_verified_without_filling_the_destination(tmp_path: P
         pytest.skip("stock QEMU: no x-query-ram-digest, RAM not verified")
     memfd = ["-object", "memory-backend-memfd,id=mem,size=1G,share=on",
              "-machine", "q35,memory-backend=mem"]
-    workload = "mem:size=256M,rate=64M,hot=80/10"
-    procs = []
-    try:
-        src = start_qemu(tmp_path, "src", workload, memory="1G", extra=memfd)
-        dst = start_qemu(tmp_path, "dst", workload, memory="1G", incoming=True,
-                         paused=True, extra=memfd)
-        procs += [src, dst]
-        time.sleep(6)
-        report = tmp_path / "r.json"
-        proc = subprocess.run(attach(tmp_path / "src.qmp", tmp_path / "dst.qmp", report,
-                                     "--profile", "livemig", "--max-time", "120", "-q"),
-                              capture_output=True, text=True, timeout=300)
-        sys.stdout.write(proc.stdout + proc.stderr[-3000:])
-        rep = json.loads(report.read_text())
-        assert rep["consistency"]["ram"] == "ok", rep["consistency"]["ram_detail"]
-        assert proc.returncode == 0 and rep["outcome"] == "completed"
+    with _hand_started(tmp_path, "mem:size=256M,rate=64M,hot=80/10", memfd) as (_, dst):
+        _attach_verified(tmp_path)
         # the guest wrote ~300 MiB; the rest of its GiB stayed holes on the destination
         assert _rss_shmem_mib(dst.pid) < 768, _rss_shmem_mib(dst.pid)
         assert guest_progress(tmp_path / "dst.agent") > 0
-    finally:
-        for p in procs:
-            stop(p)
