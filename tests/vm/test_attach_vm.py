@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +37,16 @@ WORKLOAD = "mem:size=64M,rate=16M"
 def pair(tmp_path: Path):
     procs = []
 
-    def make(workload: str = WORKLOAD, dst_incoming: bool = True, dst_paused: bool = True):
-        src = start_qemu(tmp_path, "src", workload)
-        dst = start_qemu(tmp_path, "dst", workload, incoming=dst_incoming, paused=dst_paused)
-        procs.extend([src, dst])
-        time.sleep(4)  # the guest boots and its workload starts
+    def make(workload: str = WORKLOAD, dst_incoming: bool = True, dst_paused: bool = True,
+             memory: str = "256M", extra: list[str] | None = None,
+             dst_extra: list[str] | None = None, settle: float = 4.0):
+        """``extra``: both ends' arguments (the destination's ``dst_extra`` if given)."""
+        src = start_qemu(tmp_path, "src", workload, memory=memory, extra=extra)
+        procs.append(src)
+        dst = start_qemu(tmp_path, "dst", workload, incoming=dst_incoming, paused=dst_paused,
+                         memory=memory, extra=extra if dst_extra is None else dst_extra)
+        procs.append(dst)
+        time.sleep(settle)  # the guest boots and its workload starts
         return src, dst, tmp_path / "src.qmp", tmp_path / "dst.qmp"
 
     yield make
@@ -164,26 +168,20 @@ def test_attach_refuses_destination_not_incoming_and_touches_nothing(pair, tmp_p
     assert qmp(sq, "query-migrate-capabilities") == caps_before
 
 
-def test_attach_refuses_destination_listening_from_its_start(tmp_path: Path) -> None:
+def test_attach_refuses_destination_listening_from_its_start(pair, tmp_path: Path) -> None:
     """A destination started with -incoming tcp:... (QEMU's documented way) refuses
     multifd once it listens: one line saying to restart it with -incoming defer; both
     QEMUs untouched."""
     port = free_port()
-    src = start_qemu(tmp_path, "src", "idle")
-    dst = start_qemu(tmp_path, "dst", "idle", paused=True,
-                     extra=["-incoming", f"tcp:127.0.0.1:{port}"])
-    try:
-        proc = subprocess.run(attach(tmp_path / "src.qmp", tmp_path / "dst.qmp",
-                                     tmp_path / "r.json", port=port),
-                              capture_output=True, text=True, timeout=120)
-        err = _one_line_error(proc)
-        assert f"-incoming tcp:127.0.0.1:{port}" in err and "-incoming defer -S" in err
-        assert src.poll() is None and dst.poll() is None
-        assert qmp(tmp_path / "src.qmp", "query-status")["status"] == "running"
-        assert qmp(tmp_path / "dst.qmp", "query-status")["status"] == "inmigrate"
-    finally:
-        stop(src)
-        stop(dst)
+    src, dst, sq, dq = pair(workload="idle", dst_incoming=False,
+                            dst_extra=["-incoming", f"tcp:127.0.0.1:{port}"], settle=0)
+    proc = subprocess.run(attach(sq, dq, tmp_path / "r.json", port=port),
+                          capture_output=True, text=True, timeout=120)
+    err = _one_line_error(proc)
+    assert f"-incoming tcp:127.0.0.1:{port}" in err and "-incoming defer -S" in err
+    assert src.poll() is None and dst.poll() is None
+    assert qmp(sq, "query-status")["status"] == "running"
+    assert qmp(dq, "query-status")["status"] == "inmigrate"
 
 
 def test_attach_killed_livemig_leaves_source_running(pair, tmp_path):
@@ -363,23 +361,6 @@ def has_command_at_start(d: Path) -> bool:
         stop(p)
 
 
-@contextlib.contextmanager
-def _hand_started(d: Path, workload: str, extra: list[str]
-                  ) -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
-    """A 1 GiB source running ``workload`` and its -incoming defer -S destination,
-    both with ``extra``; killed at the end."""
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        procs.append(start_qemu(d, "src", workload, memory="1G", extra=extra))
-        procs.append(start_qemu(d, "dst", workload, memory="1G", incoming=True,
-                                paused=True, extra=extra))
-        time.sleep(6)  # the guest boots and its writer fills its RAM
-        yield procs[0], procs[1]
-    finally:
-        for p in procs:
-            stop(p)
-
-
 def _attach_verified(d: Path) -> dict[str, Any]:
     """livemig's profile between the two; the migration completed and RAM compared
     equal; the report."""
@@ -394,7 +375,7 @@ def _attach_verified(d: Path) -> dict[str, Any]:
     return rep
 
 
-def test_attach_numa_guest_second_ram_block_verified(tmp_path: Path) -> None:
+def test_attach_numa_guest_second_ram_block_verified(pair, tmp_path: Path) -> None:
     """A guest with two NUMA nodes (one memory backend each, so two RAM blocks, the
     second not at ram_addr 0) writing flat out: the profile's sample covers both
     blocks and the destination's RAM compares equal. Before patch 0010 the TCG
@@ -406,13 +387,15 @@ def test_attach_numa_guest_second_ram_block_verified(tmp_path: Path) -> None:
     numa = ["-object", "memory-backend-ram,id=m0,size=512M",
             "-object", "memory-backend-ram,id=m1,size=512M",
             "-numa", "node,memdev=m0", "-numa", "node,memdev=m1"]
-    with _hand_started(tmp_path, "mem:size=256M,rate=0,hot=80/10,touch=128", numa):
-        rep = _attach_verified(tmp_path)
-        assert rep["consistency"]["ram_detail"]["method"] == "digest"
-        sampler = rep["encoding"]["sampler"]  # QEMU's sampler, over both nodes' RAM
-        assert sampler["name"] == "qemu" and sampler["qemu"]["ram-bytes"] >= 1 << 30
-        assert qmp(tmp_path / "dst.qmp", "query-status")["status"] == "running"
-        assert guest_progress(tmp_path / "dst.agent") > 0
+    # the guest boots and its writer fills both nodes
+    pair(workload="mem:size=256M,rate=0,hot=80/10,touch=128", memory="1G", extra=numa,
+         settle=6)
+    rep = _attach_verified(tmp_path)
+    assert rep["consistency"]["ram_detail"]["method"] == "digest"
+    sampler = rep["encoding"]["sampler"]  # QEMU's sampler, over both nodes' RAM
+    assert sampler["name"] == "qemu" and sampler["qemu"]["ram-bytes"] >= 1 << 30
+    assert qmp(tmp_path / "dst.qmp", "query-status")["status"] == "running"
+    assert guest_progress(tmp_path / "dst.agent") > 0
 
 
 def _rss_shmem_mib(pid: int) -> int:
@@ -422,7 +405,8 @@ def _rss_shmem_mib(pid: int) -> int:
     raise AssertionError(f"no RssShmem in /proc/{pid}/status")
 
 
-def test_attach_memfd_guest_verified_without_filling_the_destination(tmp_path: Path) -> None:
+def test_attach_memfd_guest_verified_without_filling_the_destination(pair, tmp_path: Path
+                                                                     ) -> None:
     """Guest RAM in a shared memfd (libvirt's memfd memory backing): verified, and the
     RAM check does not allocate the destination's holes (the zero pages the source
     never sent). Before patch 0011 the digest read them: the destination's shared
@@ -432,8 +416,9 @@ def test_attach_memfd_guest_verified_without_filling_the_destination(tmp_path: P
         pytest.skip("stock QEMU: no x-query-ram-digest, RAM not verified")
     memfd = ["-object", "memory-backend-memfd,id=mem,size=1G,share=on",
              "-machine", "q35,memory-backend=mem"]
-    with _hand_started(tmp_path, "mem:size=256M,rate=64M,hot=80/10", memfd) as (_, dst):
-        _attach_verified(tmp_path)
-        # the guest wrote ~300 MiB; the rest of its GiB stayed holes on the destination
-        assert _rss_shmem_mib(dst.pid) < 768, _rss_shmem_mib(dst.pid)
-        assert guest_progress(tmp_path / "dst.agent") > 0
+    _, dst, _, _ = pair(workload="mem:size=256M,rate=64M,hot=80/10", memory="1G",
+                        extra=memfd, settle=6)
+    _attach_verified(tmp_path)
+    # the guest wrote ~300 MiB; the rest of its GiB stayed holes on the destination
+    assert _rss_shmem_mib(dst.pid) < 768, _rss_shmem_mib(dst.pid)
+    assert guest_progress(tmp_path / "dst.agent") > 0
