@@ -10,7 +10,8 @@ edited) plus what it decided and why, for the report:
 - the throttle: the profile's own throttles (``converge``, ``reference``, ...) need the
   patched QEMU's ``set-cpu-throttle``; on a QEMU without it the profile falls back to
   what the stock profiles use (QEMU's auto-converge, stock increments), so livemig
-  never throttles harder than stock there.
+  never throttles harder than stock there, and the encoding is weighed under that
+  ladder (:mod:`livemig.policy.autoconverge`).
 
 Settings given with ``--set`` are never changed.
 """
@@ -86,7 +87,8 @@ async def adapt(src: QmpEnd, plan: Plan, hints: Hints, events: EventStream) -> A
             notes.append({"setting": "downtime-ramp", "from": "on", "to": "off",
                           "why": "it plans with the converge throttle, which this QEMU "
                                  "lacks: stock's fixed downtime limit instead"})
-    enc, settings = await _encoding(src, plan, hints, commands, events)
+    enc, settings = await _encoding(src, plan, hints, commands, events,
+                                    extra.get("throttle", throttle) == STOCK_THROTTLE)
     extra.update(settings)
     for n in notes:
         events.event("adapted", **n)
@@ -95,7 +97,8 @@ async def adapt(src: QmpEnd, plan: Plan, hints: Hints, events: EventStream) -> A
 
 
 async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
-                    events: EventStream) -> tuple[dict[str, Any] | None, dict[str, str]]:
+                    events: EventStream, auto_converge: bool = False
+                    ) -> tuple[dict[str, Any] | None, dict[str, str]]:
     want = plan.livemig_setting("encoding")
     if want == "off":
         return None, {}
@@ -103,7 +106,7 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
     if given:
         events.event("encoding not chosen", reason=f"set explicitly: {', '.join(given)}")
         return {"encoding": None, "reason": f"set explicitly: {', '.join(given)}"}, {}
-    ctx = await context(src, plan, hints)
+    ctx = dataclasses.replace(await context(src, plan, hints), auto_converge=auto_converge)
     sampled: dict[str, Any] | None = None
     if want == "auto":
         sampler, close = sampler_for(src, plan.livemig_setting("sampler"), commands, hints)
@@ -129,7 +132,7 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
            "samples": choice.samples, "applied": applied, "sampler": sampled,
            "context": {"link_rate": ctx.link_rate, "cpus": ctx.cpus,
                        "guest_ram": ctx.guest_ram, "codecs": sorted(ctx.codecs),
-                       "delta": ctx.delta},
+                       "delta": ctx.delta, "auto_converge": ctx.auto_converge},
            "page_rates": {k: round(v) for k, v in choice.page_rates.items()}}
     events.event("encoding chosen", **rec)
     events.say(f"stream encoding {choice.encoding}: {choice.reason}")

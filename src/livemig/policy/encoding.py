@@ -40,6 +40,9 @@ from dataclasses import dataclass, field
 import lz4.block  # type: ignore[import-untyped]
 import zstandard
 
+from livemig.policy import autoconverge, dirtying
+from livemig.policy.dirtying import DirtyCurve
+
 PAGE = 4096
 SMALL_DELTA = 0.15  # share of a page's bytes that change in a "small" rewrite
 MIN_SAMPLES = 16
@@ -90,6 +93,9 @@ class Context:
     codecs: frozenset[str] = frozenset({"zstd", "plain"})  # multifd codecs of the QEMU
     delta: bool = False  # the QEMU has lz4 delta encoding (patched)
     tls: bool = False  # the stream is encrypted: each byte sent costs TLS_SPEED's CPU
+    # QEMU's own auto-converge throttles (no set-cpu-throttle: a stock QEMU): the rounds
+    # are played by :mod:`livemig.policy.autoconverge` instead of :func:`estimate`
+    auto_converge: bool = False
 
 
 @dataclass(frozen=True)
@@ -261,6 +267,36 @@ def estimate_xbzrle(changed_share: float, nonzero: float, dirty_rate: float,
                     (nonzero + again) / plain.speed + total3 / delta.speed)
 
 
+def _stream(c: Codec, ctx: Context) -> autoconverge.Stream:
+    return autoconverge.Stream(page_rate(c, ctx), c.ratio)
+
+
+def estimate_auto_converge(first: Codec, resend: Codec, curve: DirtyCurve,
+                           ctx: Context) -> Estimate:
+    """:func:`estimate` for a QEMU that converges by its auto-converge ladder."""
+    run = autoconverge.simulate(_stream(first, ctx), _stream(resend, ctx), curve)
+    again = run.page_bytes - curve.nonzero
+    return Estimate(run.seconds, run.wire_bytes, run.work_lost, page_rate(first, ctx),
+                    page_rate(resend, ctx),
+                    curve.nonzero / first.speed + again / resend.speed)
+
+
+def estimate_xbzrle_auto_converge(changed_share: float, curve: DirtyCurve,
+                                  ctx: Context) -> Estimate:
+    """xbzrle (:func:`estimate_xbzrle`'s stream) under auto-converge: the first pass
+    and the first re-send round whole pages on one stream, later rounds deltas. The
+    whole-page round needs no throttle to shrink: the rounds after it are deltas,
+    however many pages it leaves."""
+    one = Context(link_rate=ctx.link_rate, cpus=min(ctx.cpus, 1.0), tls=ctx.tls)
+    plain = Codec(1.0, PLAIN_SPEED)
+    delta = Codec(1.0 / min(1.0, changed_share + XBZRLE_OVERHEAD), XBZRLE_SPEED)
+    whole = _stream(plain, one)
+    run = autoconverge.simulate(whole, whole, curve, later=_stream(delta, one))
+    return Estimate(run.seconds, run.wire_bytes, run.work_lost, whole.rate,
+                    page_rate(delta, one),
+                    2 * curve.nonzero / plain.speed + run.page_bytes / delta.speed)
+
+
 def pick(est: dict[str, Estimate]) -> str:
     """The least time plus work lost; among those within ``TIE`` of it the fewest
     bytes, and among byte counts within ``BYTES_TIE`` the least CPU."""
@@ -292,6 +328,12 @@ class Sample:
     first: dict[str, Codec] = field(default_factory=dict)
     resend: dict[str, Codec] = field(default_factory=dict)
     delta: dict[str, Codec] = field(default_factory=dict)
+    # a look between the two (samplers that read pages themselves): of the kept pages,
+    # changed ``mid_interval`` seconds after the first look. Two points of the curve
+    # of pages rewritten against time tell a saturated hot set from a cold set that
+    # keeps accruing (:mod:`livemig.policy.dirtying`); None: one point, a linear rate
+    mid_rewritten: int | None = None
+    mid_interval: float | None = None
 
     @property
     def nonzero_share(self) -> float:
@@ -308,10 +350,12 @@ def codec_from_counts(bytes_in: int, bytes_out: int, cpu_s: float) -> Codec:
 
 def sample_from_pages(pairs: list[tuple[bytes, bytes]], pages: list[bytes], looked: int,
                       interval: float, codecs: frozenset[str] = frozenset({"zstd", "lz4"}),
-                      nonzero: int | None = None) -> Sample:
+                      nonzero: int | None = None, mid: tuple[int, float] | None = None
+                      ) -> Sample:
     """The :class:`Sample` of pages read by a sampler that sees page content (the lab's
     RAM file, ``pmemsave``, libvirt's memory peek). ``pairs``: (before, after) of the
-    kept pages that changed; ``pages``: the kept non-zero pages of the first look."""
+    kept pages that changed; ``pages``: the kept non-zero pages of the first look;
+    ``mid``: (pages changed, seconds) at a look between the two."""
     share = ratio = None
     deltas = [xor(a, b) for a, b in pairs]
     if pairs:
@@ -323,7 +367,8 @@ def sample_from_pages(pairs: list[tuple[bytes, bytes]], pages: list[bytes], look
     return Sample(looked=looked, nonzero=len(pages) if nonzero is None else nonzero,
                   kept=len(pages), rewritten=len(pairs), interval=interval,
                   changed_share=share, zlib_ratio=ratio, first=first, resend=resend,
-                  delta=delta)
+                  delta=delta, mid_rewritten=mid[0] if mid else None,
+                  mid_interval=mid[1] if mid else None)
 
 
 def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
@@ -362,22 +407,36 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     first = {**plain, **{n: c for n, c in sample.first.items() if n in codecs}}
     again = ({**plain, **{n: c for n, c in sample.resend.items() if n in codecs}}
              if n_pairs >= MIN_SAMPLES else first)
-    est = {n: estimate(first[n], again.get(n, first[n]), nonzero, dirty_rate, ctx)
-           for n in first}
+    curve = dirtying.fit(nonzero, min(1.0, n_pairs / n_pages), sample.interval,
+                         None if sample.mid_rewritten is None
+                         else sample.mid_rewritten / n_pages, sample.mid_interval)
+    if ctx.auto_converge:
+        est = {n: estimate_auto_converge(first[n], again.get(n, first[n]), curve, ctx)
+               for n in first}
+    else:
+        est = {n: estimate(first[n], again.get(n, first[n]), nonzero, dirty_rate, ctx)
+               for n in first}
     if ctx.delta and "lz4" in first and n_pairs >= MIN_SAMPLES and "lz4" in sample.delta:
         est["lz4-delta"] = estimate(first["lz4"], sample.delta["lz4"], nonzero, dirty_rate,
                                     ctx)
     if not ctx.delta and n_pairs >= MIN_SAMPLES and share is not None \
             and share <= SMALL_DELTA:  # stock QEMU's delta encoding, for small rewrites
-        est["xbzrle"] = estimate_xbzrle(share, nonzero, dirty_rate, ctx)
+        est["xbzrle"] = (estimate_xbzrle_auto_converge(share, curve, ctx)
+                         if ctx.auto_converge
+                         else estimate_xbzrle(share, nonzero, dirty_rate, ctx))
     name = pick(est)
     link = f"{(ctx.link_rate or UNSHAPED) * 8 / 1e6:.0f} Mbit/s"
     why = ", ".join(f"{n} {e.seconds:.1f}s+{e.work_lost:.1f}s lost/{e.bytes / 2**20:.0f}MiB"
                     for n, e in sorted(est.items()))
     settings = {}
-    reason = (f"{facts}; modelled at {link} and {ctx.cpus:g} CPU for "
-              f"{nonzero / 2**20:.0f} MiB non-zero, {dirty_rate / 2**20:.0f} MiB/s dirtied: "
-              f"{why}")
+    shape = ""
+    if curve.linear is None:
+        shape = (f" (a hot {100 * curve.hot:.0f}% rewritten at once, the rest at "
+                 f"{100 * curve.cold_rate:.0f}%/s)")
+    how = " under QEMU's auto-converge" if ctx.auto_converge else ""
+    reason = (f"{facts}; modelled{how} at {link} and {ctx.cpus:g} CPU for "
+              f"{nonzero / 2**20:.0f} MiB non-zero, {dirty_rate / 2**20:.0f} MiB/s dirtied"
+              f"{shape}: {why}")
     if name == "lz4-delta":
         cache = delta_cache(ctx)
         settings[DELTA_KEY] = f"{cache >> 20}M"

@@ -25,7 +25,11 @@ class SampleResult:
         s = self.sample
         return {"name": self.sampler, "wall_s": round(self.wall_s, 3), "looked": s.looked,
                 "nonzero": s.nonzero, "kept": s.kept, "rewritten": s.rewritten,
-                "interval_s": round(s.interval, 3), **self.detail}
+                "interval_s": round(s.interval, 3),
+                **({"mid_rewritten": s.mid_rewritten,
+                    "mid_interval_s": round(s.mid_interval, 3)}
+                   if s.mid_rewritten is not None and s.mid_interval is not None else {}),
+                **self.detail}
 
 
 class Sampler(Protocol):

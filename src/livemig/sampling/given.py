@@ -43,7 +43,7 @@ def dump(path: Path, domain: str, result: SampleResult, taken_at: float) -> None
            "sampler": result.sampler, "wall_s": result.wall_s,
            "sample": {**{k: getattr(s, k) for k in (
                "looked", "nonzero", "kept", "rewritten", "interval", "changed_share",
-               "zlib_ratio")},
+               "zlib_ratio", "mid_rewritten", "mid_interval")},
                **{part: {n: asdict(c) for n, c in getattr(s, part).items()}
                   for part in ("first", "resend", "delta")}}}
     path.write_text(json.dumps(doc))
@@ -76,7 +76,10 @@ def _sample(d: dict[str, Any]) -> Sample:
                   rewritten=int(d["rewritten"]), interval=float(d["interval"]),
                   changed_share=_opt(d.get("changed_share")),
                   zlib_ratio=_opt(d.get("zlib_ratio")),
-                  first=codecs("first"), resend=codecs("resend"), delta=codecs("delta"))
+                  first=codecs("first"), resend=codecs("resend"), delta=codecs("delta"),
+                  mid_rewritten=(None if d.get("mid_rewritten") is None
+                                 else int(d["mid_rewritten"])),
+                  mid_interval=_opt(d.get("mid_interval")))
 
 
 def _opt(x: Any) -> float | None:

@@ -1,4 +1,5 @@
-"""A sampler for any QEMU: random clusters of guest pages read twice through a reader.
+"""A sampler for any QEMU: random clusters of guest pages read through a reader: once,
+again half an interval later (only counted), and a last time an interval later.
 
 The reader is whatever can read guest-physical memory from outside: QMP ``pmemsave``
 into a private file (a QEMU on this host), HMP ``xp`` (anywhere, slowly) or libvirt's
@@ -88,8 +89,20 @@ class PeekSampler:
                 break
             keep.append(gpa)
             n += sum(1 for p in first[gpa][1] if p != zero)
-        look1 = time.monotonic() - t0
-        await asyncio.sleep(interval)
+        look1_end = time.monotonic()
+        look1 = look1_end - t0
+        # a look half-way: with the last one, two points of the rewritten-pages curve
+        await asyncio.sleep(interval / 2)
+        mid_changed = 0
+        mid_gaps: list[float] = []
+        for gpa in sorted(keep):
+            t1, before = first[gpa]
+            now = await self.read(gpa, span)
+            calls += 1
+            mid_gaps.append(time.monotonic() - t1)
+            mid_changed += sum(1 for i, old in enumerate(before)
+                               if old != zero and now[i * PAGE:(i + 1) * PAGE] != old)
+        await asyncio.sleep(max(0.0, look1_end + interval - time.monotonic()))
         pairs: list[tuple[bytes, bytes]] = []
         kept: list[bytes] = []
         gaps: list[float] = []
@@ -106,8 +119,10 @@ class PeekSampler:
                 if new != old:
                     pairs.append((old, new))
         measured = statistics.mean(gaps) if gaps else interval
+        mid = (mid_changed, statistics.mean(mid_gaps)) if mid_gaps else None
         sample = await asyncio.to_thread(
-            encoding.sample_from_pages, pairs, kept, looked, measured, self.codecs, nonzero)
+            encoding.sample_from_pages, pairs, kept, looked, measured, self.codecs, nonzero,
+            mid)
         return SampleResult(sample, self.name, time.monotonic() - t0,
                             {"calls": calls, "cluster_pages": self.cluster,
                              "first_look_s": round(look1, 3),

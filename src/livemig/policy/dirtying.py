@@ -1,0 +1,77 @@
+"""How much of the guest's memory it rewrites in a given time: the curve behind every
+re-send round.
+
+A sampler that reads pages itself looks at the same random pages three times: at 0,
+at ``t_mid`` and at ``t``, and counts the share of them rewritten since the first look
+(``f_mid``, ``f``). One point of that curve gives only a rate; two tell its shape
+apart, with the simplest model that fits real memory:
+
+- a **hot set** (share ``h``) rewritten over and over, whole before the first count:
+  rows a database updates, counters. A long round re-sends it once, a short round as
+  much of it as the guest reaches in that time;
+- a **cold set** (the rest) whose pages are rewritten now and then, each independently
+  at ``λ`` per second: after ``t`` seconds ``1 − e^(−λt)`` of it is dirty. It keeps
+  accruing in long rounds, and saturates only when most of it was written.
+
+So ``f(t) = h + (1 − h)(1 − e^(−λt))``, and the two counts give ``λ = ln((1 − f_mid)
+/ (1 − f)) / (t − t_mid)`` and ``1 − h = (1 − f_mid) e^(λ t_mid)``. A throttle that
+holds the guest at ``1 − θ`` of its speed stretches the curve: ``f((1 − θ) t)``.
+
+This matters as soon as rounds are longer than the sample's interval. A flat-out writer
+with a hot set (the recorded ``records`` guest: ``h`` 0.15, ``λ`` 0.7/s) re-dirties
+82 % of its memory in a 2.2 s round, where a rate read from one 0.7 s interval and cut
+linearly by the throttle says its rounds shrink by half each time they are throttled
+20 %: they did not (1.8, 1.6, 1.25 s... 39 rounds, docs/results/handstarted-2026-11-27b).
+
+With one point only (the patched QEMU's sampler takes two looks) the curve is the rate
+of the one interval, linear: what the model always used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MIN_GAP = 0.05  # seconds between the two counts below which their difference is noise
+
+
+@dataclass(frozen=True)
+class DirtyCurve:
+    nonzero: float  # bytes of the guest's memory that hold data
+    hot: float = 0.0  # share of it rewritten over and over
+    hot_rate: float = 0.0  # bytes/s at which a round re-dirties the hot set (at least)
+    cold_rate: float = 0.0  # λ: per second, the chance a cold page is rewritten
+    linear: float | None = None  # bytes/s: the one-point curve (no shape known)
+
+    def dirtied(self, seconds: float, throttle: float = 0.0) -> float:
+        """Bytes rewritten in ``seconds`` with the guest held at ``1 − throttle``."""
+        t = max(0.0, seconds) * (1.0 - min(max(throttle, 0.0), 1.0))
+        if self.linear is not None:
+            return min(self.nonzero, self.linear * t)
+        hot = min(self.hot * self.nonzero, self.hot_rate * t)
+        cold = (1.0 - self.hot) * self.nonzero * -math.expm1(-self.cold_rate * t)
+        return hot + cold
+
+    def rate(self, throttle: float = 0.0) -> float:
+        """Bytes/s dirtied in a short round: the curve's slope at 0."""
+        if self.linear is not None:
+            return self.linear * (1.0 - throttle)
+        cold = (1.0 - self.hot) * self.nonzero * self.cold_rate
+        return (self.hot_rate + cold) * (1.0 - throttle)
+
+
+def fit(nonzero: float, f: float, t: float, f_mid: float | None = None,
+        t_mid: float | None = None) -> DirtyCurve:
+    """The curve through the sample's counts: ``f`` of the pages rewritten after ``t``
+    seconds and, when the sampler looked in between, ``f_mid`` after ``t_mid``."""
+    f = min(max(f, 0.0), 1.0)
+    if f_mid is None or t_mid is None or t - t_mid < MIN_GAP or t_mid <= 0 or f >= 1.0:
+        return DirtyCurve(nonzero, linear=nonzero * f / max(t, 1e-3))
+    f_mid = min(max(f_mid, 0.0), f)  # pages rewritten by t_mid stay rewritten at t
+    lam = math.log((1.0 - f_mid) / (1.0 - f)) / (t - t_mid)
+    hot = 1.0 - (1.0 - f_mid) * math.exp(lam * t_mid)
+    hot = min(max(hot, 0.0), f_mid)
+    # λ again for the clamped hot share, from the later (larger) count; none when
+    # everything rewritten was hot
+    lam = 0.0 if hot >= f_mid else max(0.0, -math.log((1.0 - f) / (1.0 - hot)) / t)
+    return DirtyCurve(nonzero, hot=hot, hot_rate=hot * nonzero / t_mid, cold_rate=lam)
