@@ -104,6 +104,11 @@ def test_attach_on_the_unpatched_build_samples_with_pmemsave_and_throttles_as_st
         enc = rep["encoding"]
         assert enc["sampler"]["name"] == "pmemsave" and enc["encoding"] in ("xbzrle", "zstd")
         assert "lz4" not in enc["context"]["codecs"]  # stock multifd has no lz4
+        # the encodings were played under QEMU's auto-converge ladder, with the curve
+        # from the sampler's half-way look
+        assert enc["context"]["auto_converge"] is True
+        assert 0 < enc["sampler"]["mid_interval_s"] < enc["sampler"]["interval_s"]
+        assert "under QEMU's auto-converge" in enc["reason"], enc["reason"]
         adapted = [e for e in rep["events"] if e["event"] == "adapted"]
         assert adapted and adapted[0]["to"] == "auto-converge"
         assert rep["settings"]["capabilities"].get("auto-converge") is True
