@@ -54,12 +54,13 @@ async def take(qmp: Path, pid: int, out: Path, family: str, repeats: int,
     reader = PmemsaveReader(end.cmd, pid)
     try:
         for n in range(1, repeats + 1):
-            sampler = PeekSampler("pmemsave", hmp_over(end.cmd), reader, seed=n)
+            sampler = PeekSampler("pmemsave", hmp_over(end.cmd), reader, seed=n, qmp=end.cmd)
             result = await sampler.sample()
             given.dump(out / f"{family}-{n}.json", family, result, time.time())
             s = result.sample
             print(f"{family}-{n}: {s.kept} kept, {s.mid_rewritten} rewritten at "
-                  f"{s.mid_interval or 0:.2f}s, {s.rewritten} at {s.interval:.2f}s "
+                  f"{s.mid_interval or 0:.2f}s, {s.rewritten} at {s.interval:.2f}s, "
+                  f"{(s.short_rate or 0) / 2**20:.0f} MiB/s short "
                   f"({result.wall_s:.2f}s wall)", flush=True)
             await asyncio.sleep(gap)
     finally:

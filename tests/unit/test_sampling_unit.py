@@ -16,6 +16,7 @@ from livemig.engine.events import EventStream
 from livemig.engine.plan import Plan
 from livemig.errors import VMError
 from livemig.policy import encoding
+from livemig.sampling.dirtyrate import ShortRate
 from livemig.sampling.layout import RamRange, parse_mtree
 from livemig.sampling.peek import PeekSampler, clusters
 from livemig.sampling.qemu import QemuSampler, parse
@@ -240,3 +241,52 @@ def test_explicit_stream_settings_are_not_overridden():
     a = asyncio.run(adapt(q, _plan({"multifd-compression": "zstd"}), Hints(), EventStream()))
     assert a.encoding is not None and a.encoding["encoding"] is None
     assert ("x-calc-ram-sample", {"pages": 4096, "interval-ms": 500}) not in q.log
+
+
+class DirtyRateQmp:
+    """calc-dirty-rate / query-dirty-rate as QEMU answers them (measuring, then
+    measured), or a QEMU that refuses the command."""
+
+    def __init__(self, rate_mib: int = 300, refuse: bool = False) -> None:
+        self.rate_mib = rate_mib
+        self.refuse = refuse
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.queries = 0
+
+    async def __call__(self, command: str, **args: Any) -> Any:
+        self.calls.append((command, args))
+        if self.refuse:
+            raise VMError(f"src: {command}: The command {command} has not been found")
+        if command == "calc-dirty-rate":
+            return {}
+        self.queries += 1
+        status = "measured" if self.queries > 1 else "measuring"
+        return {"status": status, "dirty-rate": self.rate_mib, "calc-time": 100,
+                "calc-time-unit": "millisecond", "mode": "dirty-bitmap"}
+
+
+def test_short_rate_is_qemus_dirty_bitmap_count_over_a_window_in_ms():
+    q = DirtyRateQmp(300)
+
+    async def go() -> Any:
+        s = ShortRate(q)
+        await s.start()
+        return s, await s.result()
+
+    s, got = asyncio.run(go())
+    assert got == (300 * (1 << 20), 0.1)
+    assert q.calls[0] == ("calc-dirty-rate", {"calc-time": 100,
+                                              "calc-time-unit": "millisecond",
+                                              "mode": "dirty-bitmap"})
+    assert q.queries == 2 and "300 MiB/s over 100 ms" in s.note
+
+
+def test_a_qemu_that_refuses_the_count_leaves_the_sample_without_it():
+    g = Guest()
+    q = DirtyRateQmp(refuse=True)
+    res = asyncio.run(PeekSampler("test", g.hmp, g.read, qmp=q).sample(256, 0.02))
+    assert res.sample.short_rate is None and res.sample.mid_rewritten is not None
+    assert "refused" in res.detail["short_rate"]
+    # and one that answers puts it in the sample, beside the half-way look
+    res = asyncio.run(PeekSampler("test", g.hmp, g.read, qmp=DirtyRateQmp(40)).sample(256, 0.02))
+    assert res.sample.short_rate == 40 * (1 << 20) and res.sample.short_interval == 0.1

@@ -157,13 +157,13 @@ def sampler_for(src: QmpEnd, mode: str, commands: set[str],
                          "patched build has it)")
     hmp = hmp_over(src.cmd)
     if mode in ("auto", "peek") and hints.peek is not None:
-        return PeekSampler("libvirt-peek", hmp, hints.peek), lambda: None
+        return PeekSampler("libvirt-peek", hmp, hints.peek, qmp=src.cmd), lambda: None
     if mode in ("auto", "pmemsave") and qemu_is_local(src.pid):
         reader = PmemsaveReader(src.cmd, src.pid, hints.scratch)
-        return PeekSampler("pmemsave", hmp, reader), reader.close
+        return PeekSampler("pmemsave", hmp, reader, qmp=src.cmd), reader.close
     if mode == "pmemsave":
         raise UsageError("--set sampler=pmemsave: the source QEMU does not run on this host")
-    return PeekSampler("xp", hmp, XpReader(hmp)), lambda: None
+    return PeekSampler("xp", hmp, XpReader(hmp), qmp=src.cmd), lambda: None
 
 
 async def context(src: QmpEnd, plan: Plan, hints: Hints) -> encoding.Context:

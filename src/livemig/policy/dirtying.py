@@ -30,7 +30,7 @@ of the one interval, linear: what the model always used.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MIN_GAP = 0.05  # seconds between the two counts below which their difference is noise
 
@@ -61,9 +61,22 @@ class DirtyCurve:
 
 
 def fit(nonzero: float, f: float, t: float, f_mid: float | None = None,
-        t_mid: float | None = None) -> DirtyCurve:
+        t_mid: float | None = None, short: tuple[float, float] | None = None
+        ) -> DirtyCurve:
     """The curve through the sample's counts: ``f`` of the pages rewritten after ``t``
-    seconds and, when the sampler looked in between, ``f_mid`` after ``t_mid``."""
+    seconds and, when the sampler looked in between, ``f_mid`` after ``t_mid``;
+    ``short``: (bytes, seconds) QEMU counted dirtied in a short window, which sets
+    how fast the hot set fills (the looks give only a lower bound)."""
+    curve = _fit(nonzero, f, t, f_mid, t_mid)
+    if short is None or curve.linear is not None or curve.hot <= 0 or short[1] <= 0:
+        return curve
+    dirtied, t_s = short
+    cold = (1.0 - curve.hot) * nonzero * -math.expm1(-curve.cold_rate * t_s)
+    return replace(curve, hot_rate=max(curve.hot_rate, (dirtied - cold) / t_s))
+
+
+def _fit(nonzero: float, f: float, t: float, f_mid: float | None,
+         t_mid: float | None) -> DirtyCurve:
     f = min(max(f, 0.0), 1.0)
     if f_mid is None or t_mid is None or t - t_mid < MIN_GAP or t_mid <= 0 or f >= 1.0:
         return DirtyCurve(nonzero, linear=nonzero * f / max(t, 1e-3))

@@ -334,6 +334,11 @@ class Sample:
     # keeps accruing (:mod:`livemig.policy.dirtying`); None: one point, a linear rate
     mid_rewritten: int | None = None
     mid_interval: float | None = None
+    # QEMU's own count (calc-dirty-rate, dirty bitmap) of the whole guest's pages
+    # dirtied in a window of ``short_interval`` s, as bytes/s: how fast a short round
+    # fills, which sampled looks half a second apart cannot see for a hot set
+    short_rate: float | None = None
+    short_interval: float | None = None
 
     @property
     def nonzero_share(self) -> float:
@@ -409,7 +414,10 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
              if n_pairs >= MIN_SAMPLES else first)
     curve = dirtying.fit(nonzero, min(1.0, n_pairs / n_pages), sample.interval,
                          None if sample.mid_rewritten is None
-                         else sample.mid_rewritten / n_pages, sample.mid_interval)
+                         else sample.mid_rewritten / n_pages, sample.mid_interval,
+                         short=None if sample.short_rate is None or not sample.short_interval
+                         else (sample.short_rate * sample.short_interval,
+                               sample.short_interval))
     if ctx.auto_converge:
         est = {n: estimate_auto_converge(first[n], again.get(n, first[n]), curve, ctx)
                for n in first}

@@ -43,7 +43,8 @@ def dump(path: Path, domain: str, result: SampleResult, taken_at: float) -> None
            "sampler": result.sampler, "wall_s": result.wall_s,
            "sample": {**{k: getattr(s, k) for k in (
                "looked", "nonzero", "kept", "rewritten", "interval", "changed_share",
-               "zlib_ratio", "mid_rewritten", "mid_interval")},
+               "zlib_ratio", "mid_rewritten", "mid_interval", "short_rate",
+               "short_interval")},
                **{part: {n: asdict(c) for n, c in getattr(s, part).items()}
                   for part in ("first", "resend", "delta")}}}
     path.write_text(json.dumps(doc))
@@ -79,7 +80,9 @@ def _sample(d: dict[str, Any]) -> Sample:
                   first=codecs("first"), resend=codecs("resend"), delta=codecs("delta"),
                   mid_rewritten=(None if d.get("mid_rewritten") is None
                                  else int(d["mid_rewritten"])),
-                  mid_interval=_opt(d.get("mid_interval")))
+                  mid_interval=_opt(d.get("mid_interval")),
+                  short_rate=_opt(d.get("short_rate")),
+                  short_interval=_opt(d.get("short_interval")))
 
 
 def _opt(x: Any) -> float | None:

@@ -13,13 +13,16 @@ the dirty rate.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import statistics
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from livemig.policy import encoding
 from livemig.sampling.base import DEFAULT_INTERVAL, PAGE, SampleResult
+from livemig.sampling.dirtyrate import ShortRate
 from livemig.sampling.layout import RamRange, parse_mtree
 
 CLUSTER = 16  # pages per read: 64 KiB, libvirt's memory-peek limit per call
@@ -27,6 +30,7 @@ PEEK_PAGES = 1024  # non-zero pages kept: a quarter of QEMU's sample, reads cost
 
 Read = Callable[[int, int], Awaitable[bytes]]  # (gpa, size) -> bytes
 Hmp = Callable[[str], Awaitable[str]]
+Command = Callable[..., Awaitable[Any]]
 
 
 def clusters(ranges: list[RamRange], count: int, cluster: int,
@@ -49,9 +53,10 @@ def clusters(ranges: list[RamRange], count: int, cluster: int,
 class PeekSampler:
     def __init__(self, name: str, hmp: Hmp, read: Read, *, cluster: int = CLUSTER,
                  codecs: frozenset[str] = frozenset({"zstd", "lz4"}), seed: int = 1,
-                 max_pages: int = PEEK_PAGES) -> None:
+                 max_pages: int = PEEK_PAGES, qmp: Command | None = None) -> None:
         self.name = name
         self.hmp = hmp
+        self.short = ShortRate(qmp) if qmp is not None else None
         self.read = read
         self.cluster = cluster
         self.codecs = codecs
@@ -89,6 +94,8 @@ class PeekSampler:
                 break
             keep.append(gpa)
             n += sum(1 for p in first[gpa][1] if p != zero)
+        if self.short is not None:  # QEMU counts the pages dirtied in a short window
+            await self.short.start()
         look1_end = time.monotonic()
         look1 = look1_end - t0
         # a look half-way: with the last one, two points of the rewritten-pages curve
@@ -120,10 +127,14 @@ class PeekSampler:
                     pairs.append((old, new))
         measured = statistics.mean(gaps) if gaps else interval
         mid = (mid_changed, statistics.mean(mid_gaps)) if mid_gaps else None
+        short = await self.short.result() if self.short is not None else None
         sample = await asyncio.to_thread(
             encoding.sample_from_pages, pairs, kept, looked, measured, self.codecs, nonzero,
             mid)
+        if short is not None:
+            sample = dataclasses.replace(sample, short_rate=short[0], short_interval=short[1])
         return SampleResult(sample, self.name, time.monotonic() - t0,
                             {"calls": calls, "cluster_pages": self.cluster,
                              "first_look_s": round(look1, 3),
+                             **({"short_rate": self.short.note} if self.short else {}),
                              "ram_ranges": [[hex(r.gpa), r.size, r.name] for r in ranges]})
