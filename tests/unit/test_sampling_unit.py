@@ -262,10 +262,10 @@ class DirtyRateQmp:
         self.queries += 1
         status = "measured" if self.queries > 1 else "measuring"
         return {"status": status, "dirty-rate": self.rate_mib, "calc-time": 100,
-                "calc-time-unit": "millisecond", "mode": "dirty-bitmap"}
+                "calc-time-unit": "millisecond", "mode": "page-sampling"}
 
 
-def test_short_rate_is_qemus_dirty_bitmap_count_over_a_window_in_ms():
+def test_short_rate_is_qemus_page_sampling_estimate_over_a_window_in_ms():
     q = DirtyRateQmp(300)
 
     async def go() -> Any:
@@ -277,7 +277,10 @@ def test_short_rate_is_qemus_dirty_bitmap_count_over_a_window_in_ms():
     assert got == (300 * (1 << 20), 0.1)
     assert q.calls[0] == ("calc-dirty-rate", {"calc-time": 100,
                                               "calc-time-unit": "millisecond",
-                                              "mode": "dirty-bitmap"})
+                                              "mode": "page-sampling",
+                                              "sample-pages": 4096})
+    assert ShortRate(q, 64 << 30).per_gib == 1024  # 65536 pages hashed at most
+    assert ShortRate(q, 4 << 40).per_gib == 128  # QEMU's minimum
     assert q.queries == 2 and "300 MiB/s over 100 ms" in s.note
 
 

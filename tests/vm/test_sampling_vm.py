@@ -108,6 +108,8 @@ def test_attach_on_the_unpatched_build_samples_with_pmemsave_and_throttles_as_st
         # from the sampler's half-way look
         assert enc["context"]["auto_converge"] is True
         assert 0 < enc["sampler"]["mid_interval_s"] < enc["sampler"]["interval_s"]
+        # and QEMU's own estimate over 100 ms of a flat-out writer (calc-dirty-rate)
+        assert enc["sampler"]["short_rate_mib_s"] > 0, enc["sampler"]
         assert "under QEMU's auto-converge" in enc["reason"], enc["reason"]
         adapted = [e for e in rep["events"] if e["event"] == "adapted"]
         assert adapted and adapted[0]["to"] == "auto-converge"

@@ -23,6 +23,13 @@ with a hot set (the recorded ``records`` guest: ``h`` 0.15, ``λ`` 0.7/s) re-dir
 linearly by the throttle says its rounds shrink by half each time they are throttled
 20 %: they did not (1.8, 1.6, 1.25 s... 39 rounds, docs/results/handstarted-2026-11-27b).
 
+The looks bound the hot set's speed only from below (full by the half-way look). A
+third point comes from QEMU: its estimate of what the guest dirties in 100 ms
+(``calc-dirty-rate``, :mod:`livemig.sampling.dirtyrate`). Where that window holds
+more than the looks' hot set can give, the hot set fills at that speed (and is at
+least that big): on the records guest 400-480 MiB/s, so a round must be a few tens of
+ms, at a throttle of 70-80 %, before what is left fits the downtime.
+
 With one point only (the patched QEMU's sampler takes two looks) the curve is the rate
 of the one interval, linear: what the model always used.
 """
@@ -72,7 +79,13 @@ def fit(nonzero: float, f: float, t: float, f_mid: float | None = None,
         return curve
     dirtied, t_s = short
     cold = (1.0 - curve.hot) * nonzero * -math.expm1(-curve.cold_rate * t_s)
-    return replace(curve, hot_rate=max(curve.hot_rate, (dirtied - cold) / t_s))
+    hot = dirtied - cold  # what the hot set gave in the window
+    if hot <= curve.hot_rate * t_s:
+        return curve
+    # more than a full hot set in the window: the hot set is at least that big (and
+    # no bigger than what was rewritten by the half-way look)
+    share = min(max(curve.hot, hot / nonzero), f_mid if f_mid is not None else 1.0)
+    return replace(curve, hot=share, hot_rate=hot / t_s)
 
 
 def _fit(nonzero: float, f: float, t: float, f_mid: float | None,

@@ -334,9 +334,9 @@ class Sample:
     # keeps accruing (:mod:`livemig.policy.dirtying`); None: one point, a linear rate
     mid_rewritten: int | None = None
     mid_interval: float | None = None
-    # QEMU's own count (calc-dirty-rate, dirty bitmap) of the whole guest's pages
-    # dirtied in a window of ``short_interval`` s, as bytes/s: how fast a short round
-    # fills, which sampled looks half a second apart cannot see for a hot set
+    # QEMU's own estimate (calc-dirty-rate, page sampling) of the bytes/s the whole
+    # guest dirties over a window of ``short_interval`` s: how fast a short round
+    # fills, which looks half a second apart cannot see for a hot set
     short_rate: float | None = None
     short_interval: float | None = None
 
@@ -407,6 +407,9 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     facts = f"{n_pages} non-zero pages, {n_pairs} rewritten in {sample.interval:.2f}s"
     if n_pairs >= MIN_SAMPLES and share is not None:
         facts += f" (median {100 * share:.1f}% of bytes changed)"
+    if sample.short_rate is not None and sample.short_interval:
+        facts += (f", QEMU saw {sample.short_rate / 2**20:.0f} MiB/s dirtied over "
+                  f"{1000 * sample.short_interval:.0f} ms")
     codecs = ctx.codecs | ({"lz4"} if ctx.delta else set())  # delta rides on lz4
     plain = {"plain": Codec(1.0, PLAIN_SPEED)}
     first = {**plain, **{n: c for n, c in sample.first.items() if n in codecs}}

@@ -29,6 +29,9 @@ class SampleResult:
                 **({"mid_rewritten": s.mid_rewritten,
                     "mid_interval_s": round(s.mid_interval, 3)}
                    if s.mid_rewritten is not None and s.mid_interval is not None else {}),
+                **({"short_rate_mib_s": round(s.short_rate / 2**20, 1),
+                    "short_interval_s": s.short_interval}
+                   if s.short_rate is not None else {}),
                 **self.detail}
 
 

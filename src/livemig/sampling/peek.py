@@ -56,7 +56,7 @@ class PeekSampler:
                  max_pages: int = PEEK_PAGES, qmp: Command | None = None) -> None:
         self.name = name
         self.hmp = hmp
-        self.short = ShortRate(qmp) if qmp is not None else None
+        self.qmp = qmp
         self.read = read
         self.cluster = cluster
         self.codecs = codecs
@@ -94,8 +94,10 @@ class PeekSampler:
                 break
             keep.append(gpa)
             n += sum(1 for p in first[gpa][1] if p != zero)
-        if self.short is not None:  # QEMU counts the pages dirtied in a short window
-            await self.short.start()
+        short = None
+        if self.qmp is not None:  # QEMU counts the pages dirtied in a short window
+            short = ShortRate(self.qmp, sum(r.size for r in ranges))
+            await short.start()
         look1_end = time.monotonic()
         look1 = look1_end - t0
         # a look half-way: with the last one, two points of the rewritten-pages curve
@@ -127,14 +129,15 @@ class PeekSampler:
                     pairs.append((old, new))
         measured = statistics.mean(gaps) if gaps else interval
         mid = (mid_changed, statistics.mean(mid_gaps)) if mid_gaps else None
-        short = await self.short.result() if self.short is not None else None
+        counted = await short.result() if short is not None else None
         sample = await asyncio.to_thread(
             encoding.sample_from_pages, pairs, kept, looked, measured, self.codecs, nonzero,
             mid)
-        if short is not None:
-            sample = dataclasses.replace(sample, short_rate=short[0], short_interval=short[1])
+        if counted is not None:
+            sample = dataclasses.replace(sample, short_rate=counted[0],
+                                         short_interval=counted[1])
         return SampleResult(sample, self.name, time.monotonic() - t0,
                             {"calls": calls, "cluster_pages": self.cluster,
                              "first_look_s": round(look1, 3),
-                             **({"short_rate": self.short.note} if self.short else {}),
+                             **({"short_rate": short.note} if short else {}),
                              "ram_ranges": [[hex(r.gpa), r.size, r.name] for r in ranges]})
