@@ -772,6 +772,11 @@ def test_livemig_profile_on_a_stock_emulator_samples_through_memory_peek(
         enc = rep["encoding"]
         assert enc["sampler"]["name"] == "libvirt-peek", enc
         assert enc["sampler"]["rewritten"] > 0 and enc["encoding"] in ("xbzrle", "zstd")
+        # weighed under the domain's auto-converge, from the three looks and QEMU's own
+        # 100 ms estimate (calc-dirty-rate through libvirt's monitor passthrough)
+        assert enc["context"]["auto_converge"] is True
+        assert enc["sampler"]["mid_rewritten"] is not None
+        assert enc["sampler"]["short_rate_mib_s"] > 0, enc["sampler"]
         adapted = {e["setting"]: e["to"] for e in rep["events"] if e["event"] == "adapted"}
         assert adapted.get("throttle") == "auto-converge"
         assert "auto_converge" in rep["settings"]["libvirt_plan"]["flags"]
