@@ -66,3 +66,17 @@ def test_qemus_short_count_sets_how_fast_the_hot_set_fills() -> None:
     # a count below what the looks imply changes nothing
     slow = fit(300 * MIB, f, 0.7, _f(0.10, 0.4, 0.45), 0.45, short=(1 * MIB, 0.1))
     assert slow.hot_rate == looks.hot_rate
+
+
+def test_a_hot_set_the_looks_missed_shows_in_qemus_count() -> None:
+    """A busy-db sample (docs/results/attach-stock-2026-11-27d, run 1): 87 then 129 of
+    696 pages rewritten at 0.55 and 0.79 s read as cold accrual alone (no hot set),
+    90 MiB/s for a short round; QEMU saw 356 MiB/s over 101 ms. The excess is a hot
+    set, at least as big as what it gave in the window."""
+    nonzero = 348 * MIB
+    looks = fit(nonzero, 129 / 696, 0.791, 87 / 696, 0.545)
+    assert looks.hot == 0.0
+    counted = fit(nonzero, 129 / 696, 0.791, 87 / 696, 0.545, short=(356 * MIB * 0.101, 0.101))
+    assert 0.05 < counted.hot < 87 / 696
+    assert counted.dirtied(0.101) == pytest.approx(356 * MIB * 0.101, rel=0.05)
+    assert counted.rate() > 3 * looks.rate()

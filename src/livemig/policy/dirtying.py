@@ -75,15 +75,17 @@ def fit(nonzero: float, f: float, t: float, f_mid: float | None = None,
     ``short``: (bytes, seconds) QEMU counted dirtied in a short window, which sets
     how fast the hot set fills (the looks give only a lower bound)."""
     curve = _fit(nonzero, f, t, f_mid, t_mid)
-    if short is None or curve.linear is not None or curve.hot <= 0 or short[1] <= 0:
+    if short is None or curve.linear is not None or short[1] <= 0:
         return curve
     dirtied, t_s = short
     cold = (1.0 - curve.hot) * nonzero * -math.expm1(-curve.cold_rate * t_s)
     hot = dirtied - cold  # what the hot set gave in the window
     if hot <= curve.hot_rate * t_s:
         return curve
-    # more than a full hot set in the window: the hot set is at least that big (and
-    # no bigger than what was rewritten by the half-way look)
+    # more than the looks' hot set gives in the window: the hot set is at least that
+    # big (and no bigger than what was rewritten by the half-way look). The looks
+    # alone can miss it: 87 then 129 of 696 pages rewritten read as cold accrual only
+    # on a busy-db sample where QEMU saw 36 MiB dirtied in 100 ms, 4x that accrual
     share = min(max(curve.hot, hot / nonzero), f_mid if f_mid is not None else 1.0)
     return replace(curve, hot=share, hot_rate=hot / t_s)
 

@@ -63,6 +63,18 @@ class PeekSampler:
         self.seed = seed
         self.max_pages = max_pages
 
+    async def _again(self, keep: list[int], first: dict[int, tuple[float, list[bytes]]],
+                     span: int) -> tuple[list[tuple[list[bytes], bytes]], float]:
+        """The kept clusters read again: (the first look's pages, the new read) each,
+        and the mean time since each cluster's first read."""
+        out: list[tuple[list[bytes], bytes]] = []
+        gaps: list[float] = []
+        for gpa in sorted(keep):
+            t1, before = first[gpa]
+            out.append((before, await self.read(gpa, span)))
+            gaps.append(time.monotonic() - t1)
+        return out, statistics.mean(gaps) if gaps else 0.0
+
     async def sample(self, pages: int = PEEK_PAGES,
                      interval: float = DEFAULT_INTERVAL) -> SampleResult:
         t0 = time.monotonic()
@@ -102,24 +114,15 @@ class PeekSampler:
         look1 = look1_end - t0
         # a look half-way: with the last one, two points of the rewritten-pages curve
         await asyncio.sleep(interval / 2)
-        mid_changed = 0
-        mid_gaps: list[float] = []
-        for gpa in sorted(keep):
-            t1, before = first[gpa]
-            now = await self.read(gpa, span)
-            calls += 1
-            mid_gaps.append(time.monotonic() - t1)
-            mid_changed += sum(1 for i, old in enumerate(before)
-                               if old != zero and now[i * PAGE:(i + 1) * PAGE] != old)
+        mid_reads, mid_gap = await self._again(keep, first, span)
+        mid_changed = sum(1 for before, now in mid_reads for i, old in enumerate(before)
+                          if old != zero and now[i * PAGE:(i + 1) * PAGE] != old)
         await asyncio.sleep(max(0.0, look1_end + interval - time.monotonic()))
+        reads, gap = await self._again(keep, first, span)
+        calls += len(mid_reads) + len(reads)
         pairs: list[tuple[bytes, bytes]] = []
         kept: list[bytes] = []
-        gaps: list[float] = []
-        for gpa in sorted(keep):
-            t1, before = first[gpa]
-            after = await self.read(gpa, span)
-            calls += 1
-            gaps.append(time.monotonic() - t1)
+        for before, after in reads:
             for i, old in enumerate(before):
                 if old == zero:
                     continue
@@ -127,8 +130,8 @@ class PeekSampler:
                 kept.append(old)
                 if new != old:
                     pairs.append((old, new))
-        measured = statistics.mean(gaps) if gaps else interval
-        mid = (mid_changed, statistics.mean(mid_gaps)) if mid_gaps else None
+        measured = gap if reads else interval
+        mid = (mid_changed, mid_gap) if mid_reads else None
         counted = await short.result() if short is not None else None
         sample = await asyncio.to_thread(
             encoding.sample_from_pages, pairs, kept, looked, measured, self.codecs, nonzero,
