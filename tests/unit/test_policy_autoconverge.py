@@ -39,6 +39,9 @@ def test_a_guest_slow_enough_by_itself_is_not_throttled() -> None:
     run = ac.simulate(ac.Stream(LINK, 1.0), ac.Stream(LINK, 1.0), curve)
     assert run.throttle == 0 and run.work_lost == 0
     assert run.rounds > 2
+    assert run.round_bytes[0] == 256 * MIB  # the first pass, then shrinking rounds
+    assert sum(run.round_bytes) == pytest.approx(run.page_bytes)
+    assert list(run.round_bytes[1:]) == sorted(run.round_bytes[1:], reverse=True)
 
 
 def test_compression_makes_a_period_look_busier() -> None:

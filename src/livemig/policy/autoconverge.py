@@ -51,6 +51,7 @@ class Stream:
 class Run:
     seconds: float
     page_bytes: float  # guest bytes sent, every round and the switchover
+    round_bytes: tuple[float, ...]  # guest bytes of each round (the switchover's last)
     wire_bytes: float
     work_lost: float  # seconds of guest work the throttle took
     rounds: int
@@ -70,12 +71,14 @@ def simulate(first: Stream, resend: Stream, curve: DirtyCurve, *,
     left = curve.nonzero
     stream = first
     rounds = 0
+    sent: list[float] = []
     while True:
         rounds += 1
         dt = left / stream.rate
         t += dt
         work += throttle * dt
         page += left
+        sent.append(left)
         wire += left / stream.ratio
         period_wire += left / stream.ratio
         dirty = min(curve.nonzero, curve.dirtied(dt, throttle))
@@ -93,5 +96,5 @@ def simulate(first: Stream, resend: Stream, curve: DirtyCurve, *,
         # the switchover: what is left fits the downtime at the stream's wire rate
         if left <= stream.rate / stream.ratio * downtime_s or t >= MAX_S:
             final = left / stream.rate
-            return Run(min(t + final, MAX_S), page + left, wire + left / stream.ratio,
-                       work, rounds, throttle)
+            return Run(min(t + final, MAX_S), page + left, (*sent, left),
+                       wire + left / stream.ratio, work, rounds, throttle)

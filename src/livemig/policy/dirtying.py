@@ -18,10 +18,11 @@ So ``f(t) = h + (1 − h)(1 − e^(−λt))``, and the two counts give ``λ = ln
 holds the guest at ``1 − θ`` of its speed stretches the curve: ``f((1 − θ) t)``.
 
 This matters as soon as rounds are longer than the sample's interval. A flat-out writer
-with a hot set (the recorded ``records`` guest: ``h`` 0.15, ``λ`` 0.7/s) re-dirties
-82 % of its memory in a 2.2 s round, where a rate read from one 0.7 s interval and cut
-linearly by the throttle says its rounds shrink by half each time they are throttled
-20 %: they did not (1.8, 1.6, 1.25 s... 39 rounds, docs/results/handstarted-2026-11-27b).
+with a hot set (the recorded ``records`` guest, tests/data/samples: ``h`` 0.13-0.19,
+``λ`` 0.27-0.58/s) re-dirties most of its memory in a 2 s round, where a rate read
+from one 0.7 s interval and cut linearly by the throttle says its rounds shrink by half
+each time they are throttled 20 %: they did not (1.8, 1.6, 1.25 s... 39 rounds,
+docs/results/handstarted-2026-11-27b).
 
 The looks bound the hot set's speed only from below (full by the half-way look). A
 third point comes from QEMU: its estimate of what the guest dirties in 100 ms

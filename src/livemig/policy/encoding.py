@@ -292,9 +292,10 @@ def estimate_xbzrle_auto_converge(changed_share: float, curve: DirtyCurve,
     delta = Codec(1.0 / min(1.0, changed_share + XBZRLE_OVERHEAD), XBZRLE_SPEED)
     whole = _stream(plain, one)
     run = autoconverge.simulate(whole, whole, curve, later=_stream(delta, one))
+    whole_bytes = sum(run.round_bytes[:2])  # the first pass and the first re-send
     return Estimate(run.seconds, run.wire_bytes, run.work_lost, whole.rate,
                     page_rate(delta, one),
-                    2 * curve.nonzero / plain.speed + run.page_bytes / delta.speed)
+                    whole_bytes / plain.speed + (run.page_bytes - whole_bytes) / delta.speed)
 
 
 def pick(est: dict[str, Estimate]) -> str:
