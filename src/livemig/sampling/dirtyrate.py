@@ -1,12 +1,12 @@
 """QEMU's own estimate of how fast a guest dirties pages over a short window.
 
-``calc-dirty-rate`` (every QEMU since 6.1; a window in milliseconds since 8.2) in its
-``page-sampling`` mode hashes random pages of every RAM block, again after
+``calc-dirty-rate`` in its ``page-sampling`` mode (a window in milliseconds needs QEMU
+8.2 or later; an older one refuses it) hashes random pages of every RAM block, again after
 ``WINDOW_MS``, and scales the share that changed to the whole guest. The peek
 sampler's looks are half a second apart: a hot set rewritten many times a second
 looks the same there whether it fills in 50 ms or 400 ms, and that decides how short
 the last rounds must be (how far QEMU's auto-converge ladder has to climb). This
-count says it. It is one QMP command and one query; QEMU's thread hashes the pages
+estimate says it. It is one QMP command and one query; QEMU's thread hashes the pages
 (``SAMPLE_PAGES`` per GiB, at most ``MAX_SAMPLES`` in all). The ``dirty-bitmap`` mode
 would count exactly, but under TCG it counts nothing (10.2 counts pages in the KVM
 dirty-log path only: 0 MiB/s measured on a flat-out writer here).
