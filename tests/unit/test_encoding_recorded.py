@@ -5,7 +5,8 @@
 looks) from VMs started with plain QEMU command lines running the benchmark families'
 workloads (1 GiB, TCG). The expected choices are the encodings the benchmarks measured
 fastest with the least work lost on the unpatched 10.2.2 (docs/results/attach-matrix-
-2026-11-27/stock, docs/results/handstarted-2026-11-27b).
+2026-11-27/stock, handstarted-2026-11-27b to -d, attach-stock-2026-11-27c to -e,
+libvirt-stock-2026-11-27d).
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ def test_flat_out_small_writers_get_xbzrle_under_auto_converge(family: str) -> N
     """The flat-out writers re-dirty most of their table in a multi-second round, so
     whole-page rounds (zstd) shrink only as auto-converge's ladder climbs; xbzrle's
     deltas converge once its whole-page round is over. Measured on ``records``:
-    xbzrle 11.0 s / 1.4 s of work lost, zstd 18 s / 12.7 s. On ``busy-db`` (a 400 MiB
-    table) xbzrle took 1.26x zstd's time for 0.3-0.4x its work lost: the least time
-    plus work lost is xbzrle's there too."""
+    xbzrle 10.9 s / 1-2 s of work lost, zstd 18.8 s / 12.7 s. On ``busy-db``
+    (a 400 MiB table) livemig@stock with xbzrle (its cache the guest's size) took
+    0.98x stock zstd's time and 0.14x its work lost through attach, 0.71x and 0.22x
+    as a libvirt domain (docs/results/attach-stock-2026-11-27e,
+    libvirt-stock-2026-11-27d)."""
     for s in _recorded(family):
         c = choose_sample(s, _ctx(family))
         assert c.encoding == "xbzrle", c.reason
