@@ -22,7 +22,6 @@ import shutil
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from handstarted import FAMILIES, STOCK, Agent, wait_ready  # noqa: E402
 
+from livemig.bench import load_scenarios  # noqa: E402
 from livemig.engine.endpoint import Endpoint  # noqa: E402
 from livemig.sampling import given  # noqa: E402
 from livemig.sampling.peek import PeekSampler  # noqa: E402
@@ -40,10 +40,9 @@ from qemuhelp import start_qemu, stop  # noqa: E402
 
 def workloads() -> dict[str, str]:
     out = {k: w for k, (w, _) in FAMILIES.items()}
-    matrix = tomllib.loads((ROOT / "bench" / "scenarios" / "matrix.toml").read_text())
-    for fam in matrix.get("family", []):
-        if "workload" in fam:
-            out[fam["name"]] = fam["workload"]
+    for sc in load_scenarios(ROOT / "bench" / "scenarios" / "matrix.toml"):
+        if "workload" in sc:
+            out[sc["name"]] = sc["workload"]
     return out
 
 

@@ -50,12 +50,20 @@ class Stream:
 @dataclass(frozen=True)
 class Run:
     seconds: float
-    page_bytes: float  # guest bytes sent, every round and the switchover
     round_bytes: tuple[float, ...]  # guest bytes of each round (the switchover's last)
     wire_bytes: float
     work_lost: float  # seconds of guest work the throttle took
-    rounds: int
     throttle: float  # the throttle at the switchover
+
+    @property
+    def page_bytes(self) -> float:
+        """Guest bytes sent, every round and the switchover."""
+        return sum(self.round_bytes)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds before the switchover (the first pass is round 1)."""
+        return len(self.round_bytes) - 1
 
 
 def simulate(first: Stream, resend: Stream, curve: DirtyCurve, *,
@@ -63,21 +71,18 @@ def simulate(first: Stream, resend: Stream, curve: DirtyCurve, *,
     """A first pass over ``curve.nonzero`` bytes at ``first``, the next round at
     ``resend``, every round after it at ``later`` (default ``resend``: xbzrle's first
     re-send is whole pages, its later ones deltas)."""
-    t = work = page = wire = 0.0
+    t = work = wire = 0.0
     throttle = 0.0
     high = 0
     period_dirty = period_wire = 0.0
     period_start = 0.0
     left = curve.nonzero
     stream = first
-    rounds = 0
     sent: list[float] = []
     while True:
-        rounds += 1
         dt = left / stream.rate
         t += dt
         work += throttle * dt
-        page += left
         sent.append(left)
         wire += left / stream.ratio
         period_wire += left / stream.ratio
@@ -92,9 +97,9 @@ def simulate(first: Stream, resend: Stream, curve: DirtyCurve, *,
             period_dirty = period_wire = 0.0
             period_start = t
         left = dirty
-        stream = resend if rounds == 1 else (later or resend)
+        stream = resend if len(sent) == 1 else (later or resend)
         # the switchover: what is left fits the downtime at the stream's wire rate
         if left <= stream.rate / stream.ratio * downtime_s or t >= MAX_S:
             final = left / stream.rate
-            return Run(min(t + final, MAX_S), page + left, (*sent, left),
-                       wire + left / stream.ratio, work, rounds, throttle)
+            return Run(min(t + final, MAX_S), (*sent, left), wire + left / stream.ratio,
+                       work, throttle)

@@ -252,9 +252,7 @@ def estimate_xbzrle(changed_share: float, nonzero: float, dirty_rate: float,
     showed it: on small-write hot sets xbzrle's first re-send round carried 60-160 MiB
     of whole pages, and multifd zstd beat it on time and bytes on every family but the
     flat-out database."""
-    one = Context(link_rate=ctx.link_rate, cpus=min(ctx.cpus, 1.0), tls=ctx.tls)
-    plain = Codec(1.0, PLAIN_SPEED)
-    delta = Codec(1.0 / min(1.0, changed_share + XBZRLE_OVERHEAD), XBZRLE_SPEED)
+    one, plain, delta = _xbzrle(changed_share, ctx)
     p1, p3 = page_rate(plain, one), page_rate(delta, one)
     t1 = nonzero / p1
     again = min(nonzero, dirty_rate * t1)  # dirtied during the first pass: whole pages
@@ -265,6 +263,14 @@ def estimate_xbzrle(changed_share: float, nonzero: float, dirty_rate: float,
     return Estimate(t1 + t2 + t3, nonzero + again + total3 / delta.ratio,
                     throttle2 * t2 + throttle * t3, p1, p3,
                     (nonzero + again) / plain.speed + total3 / delta.speed)
+
+
+def _xbzrle(changed_share: float, ctx: Context) -> tuple[Context, Codec, Codec]:
+    """xbzrle's stream: one migration thread (at most one CPU), its whole pages and its
+    deltas (``changed_share`` of a page plus run headers)."""
+    one = Context(link_rate=ctx.link_rate, cpus=min(ctx.cpus, 1.0), tls=ctx.tls)
+    delta = Codec(1.0 / min(1.0, changed_share + XBZRLE_OVERHEAD), XBZRLE_SPEED)
+    return one, Codec(1.0, PLAIN_SPEED), delta
 
 
 def _stream(c: Codec, ctx: Context) -> autoconverge.Stream:
@@ -287,9 +293,7 @@ def estimate_xbzrle_auto_converge(changed_share: float, curve: DirtyCurve,
     and the first re-send round whole pages on one stream, later rounds deltas. The
     whole-page round needs no throttle to shrink: the rounds after it are deltas,
     however many pages it leaves."""
-    one = Context(link_rate=ctx.link_rate, cpus=min(ctx.cpus, 1.0), tls=ctx.tls)
-    plain = Codec(1.0, PLAIN_SPEED)
-    delta = Codec(1.0 / min(1.0, changed_share + XBZRLE_OVERHEAD), XBZRLE_SPEED)
+    one, plain, delta = _xbzrle(changed_share, ctx)
     whole = _stream(plain, one)
     run = autoconverge.simulate(whole, whole, curve, later=_stream(delta, one))
     whole_bytes = sum(run.round_bytes[:2])  # the first pass and the first re-send
@@ -356,12 +360,10 @@ def codec_from_counts(bytes_in: int, bytes_out: int, cpu_s: float) -> Codec:
 
 def sample_from_pages(pairs: list[tuple[bytes, bytes]], pages: list[bytes], looked: int,
                       interval: float, codecs: frozenset[str] = frozenset({"zstd", "lz4"}),
-                      nonzero: int | None = None, mid: tuple[int, float] | None = None
-                      ) -> Sample:
+                      nonzero: int | None = None) -> Sample:
     """The :class:`Sample` of pages read by a sampler that sees page content (the lab's
     RAM file, ``pmemsave``, libvirt's memory peek). ``pairs``: (before, after) of the
-    kept pages that changed; ``pages``: the kept non-zero pages of the first look;
-    ``mid``: (pages changed, seconds) at a look between the two."""
+    kept pages that changed; ``pages``: the kept non-zero pages of the first look."""
     share = ratio = None
     deltas = [xor(a, b) for a, b in pairs]
     if pairs:
@@ -373,8 +375,7 @@ def sample_from_pages(pairs: list[tuple[bytes, bytes]], pages: list[bytes], look
     return Sample(looked=looked, nonzero=len(pages) if nonzero is None else nonzero,
                   kept=len(pages), rewritten=len(pairs), interval=interval,
                   changed_share=share, zlib_ratio=ratio, first=first, resend=resend,
-                  delta=delta, mid_rewritten=mid[0] if mid else None,
-                  mid_interval=mid[1] if mid else None)
+                  delta=delta)
 
 
 def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
@@ -389,6 +390,18 @@ def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
     looked = round(len(pages) / nonzero_share) if nonzero_share > 0 else len(pages)
     return choose_sample(sample_from_pages(pairs, pages, looked, interval,
                                            frozenset(codecs)), ctx)
+
+
+def dirty_curve(sample: Sample, nonzero: float) -> DirtyCurve:
+    """The sample's rewritten-pages curve (:func:`livemig.policy.dirtying.fit`) over
+    ``nonzero`` bytes: its looks, and QEMU's short-window estimate when it has one."""
+    kept = max(1, sample.kept)
+    short = None
+    if sample.short_rate is not None and sample.short_interval:
+        short = (sample.short_rate * sample.short_interval, sample.short_interval)
+    return dirtying.fit(nonzero, min(1.0, sample.rewritten / kept), sample.interval,
+                        None if sample.mid_rewritten is None
+                        else sample.mid_rewritten / kept, sample.mid_interval, short=short)
 
 
 def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
@@ -416,13 +429,8 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     first = {**plain, **{n: c for n, c in sample.first.items() if n in codecs}}
     again = ({**plain, **{n: c for n, c in sample.resend.items() if n in codecs}}
              if n_pairs >= MIN_SAMPLES else first)
-    curve = dirtying.fit(nonzero, min(1.0, n_pairs / n_pages), sample.interval,
-                         None if sample.mid_rewritten is None
-                         else sample.mid_rewritten / n_pages, sample.mid_interval,
-                         short=None if sample.short_rate is None or not sample.short_interval
-                         else (sample.short_rate * sample.short_interval,
-                               sample.short_interval))
-    if ctx.auto_converge:
+    curve = dirty_curve(sample, nonzero) if ctx.auto_converge else None
+    if curve is not None:
         est = {n: estimate_auto_converge(first[n], again.get(n, first[n]), curve, ctx)
                for n in first}
     else:
@@ -434,7 +442,7 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     if not ctx.delta and n_pairs >= MIN_SAMPLES and share is not None \
             and share <= SMALL_DELTA:  # stock QEMU's delta encoding, for small rewrites
         est["xbzrle"] = (estimate_xbzrle_auto_converge(share, curve, ctx)
-                         if ctx.auto_converge
+                         if curve is not None
                          else estimate_xbzrle(share, nonzero, dirty_rate, ctx))
     name = pick(est)
     link = f"{(ctx.link_rate or UNSHAPED) * 8 / 1e6:.0f} Mbit/s"
@@ -442,9 +450,10 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
                     for n, e in sorted(est.items()))
     settings = {}
     shape = ""
-    if curve.linear is None:
+    if curve is not None and curve.linear is None:
         shape = (f" (a hot {100 * curve.hot:.0f}% rewritten at once, the rest at "
-                 f"{100 * curve.cold_rate:.0f}%/s)")
+                 f"{100 * curve.cold_rate:.0f}%/s; a short round fills at "
+                 f"{curve.rate() / 2**20:.0f} MiB/s)")
     how = " under QEMU's auto-converge" if ctx.auto_converge else ""
     reason = (f"{facts}; modelled{how} at {link} and {ctx.cpus:g} CPU for "
               f"{nonzero / 2**20:.0f} MiB non-zero, {dirty_rate / 2**20:.0f} MiB/s dirtied"

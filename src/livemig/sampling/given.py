@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ ENV = "LIVEMIG_PAGE_SAMPLE"  # the file a ``livemig migrate --domain`` child reu
 # first wave seconds after measuring; VMs queued behind busy ones sample afresh.
 MAX_AGE_S = 60.0
 FORMAT = 1
+CODEC_PARTS = ("first", "resend", "delta")  # the Sample's codec measurements
 
 
 def dump(path: Path, domain: str, result: SampleResult, taken_at: float) -> None:
@@ -41,12 +42,10 @@ def dump(path: Path, domain: str, result: SampleResult, taken_at: float) -> None
     s = result.sample
     doc = {"format": FORMAT, "domain": domain, "taken_at": taken_at,
            "sampler": result.sampler, "wall_s": result.wall_s,
-           "sample": {**{k: getattr(s, k) for k in (
-               "looked", "nonzero", "kept", "rewritten", "interval", "changed_share",
-               "zlib_ratio", "mid_rewritten", "mid_interval", "short_rate",
-               "short_interval")},
-               **{part: {n: asdict(c) for n, c in getattr(s, part).items()}
-                  for part in ("first", "resend", "delta")}}}
+           "sample": {**{f.name: getattr(s, f.name) for f in fields(s)
+                         if f.name not in CODEC_PARTS},
+                      **{part: {n: asdict(c) for n, c in getattr(s, part).items()}
+                         for part in CODEC_PARTS}}}
     path.write_text(json.dumps(doc))
 
 

@@ -130,15 +130,15 @@ class PeekSampler:
                 kept.append(old)
                 if new != old:
                     pairs.append((old, new))
-        measured = gap if reads else interval
-        mid = (mid_changed, mid_gap) if mid_reads else None
         counted = await short.result() if short is not None else None
         sample = await asyncio.to_thread(
-            encoding.sample_from_pages, pairs, kept, looked, measured, self.codecs, nonzero,
-            mid)
-        if counted is not None:
-            sample = dataclasses.replace(sample, short_rate=counted[0],
-                                         short_interval=counted[1])
+            encoding.sample_from_pages, pairs, kept, looked, gap if reads else interval,
+            self.codecs, nonzero)
+        sample = dataclasses.replace(
+            sample, mid_rewritten=mid_changed if mid_reads else None,
+            mid_interval=mid_gap if mid_reads else None,
+            short_rate=counted[0] if counted else None,
+            short_interval=counted[1] if counted else None)
         return SampleResult(sample, self.name, time.monotonic() - t0,
                             {"calls": calls, "cluster_pages": self.cluster,
                              "first_look_s": round(look1, 3),
