@@ -360,16 +360,20 @@ def codec_from_counts(bytes_in: int, bytes_out: int, cpu_s: float) -> Codec:
 
 def sample_from_pages(pairs: list[tuple[bytes, bytes]], pages: list[bytes], looked: int,
                       interval: float, codecs: frozenset[str] = frozenset({"zstd", "lz4"}),
-                      nonzero: int | None = None) -> Sample:
+                      nonzero: int | None = None,
+                      first: dict[str, Codec] | None = None) -> Sample:
     """The :class:`Sample` of pages read by a sampler that sees page content (the lab's
     RAM file, ``pmemsave``, libvirt's memory peek). ``pairs``: (before, after) of the
-    kept pages that changed; ``pages``: the kept non-zero pages of the first look."""
+    kept pages that changed; ``pages``: the kept non-zero pages of the first look;
+    ``first``: the codecs measured on ``pages`` already (a sampler does it while it
+    waits for the second look)."""
     share = ratio = None
     deltas = [xor(a, b) for a, b in pairs]
     if pairs:
         share = statistics.median(_share(d) for d in deltas)
         ratio = statistics.median(len(b) / max(1, len(zlib.compress(b, 1))) for _, b in pairs)
-    first = measure_codecs(pages, codecs) if pages else {}
+    if first is None:
+        first = measure_codecs(pages, codecs) if pages else {}
     resend = measure_codecs([b for _, b in pairs], codecs) if pairs else {}
     delta = measure_codecs(deltas, codecs & {"lz4"}) if pairs else {}
     return Sample(looked=looked, nonzero=len(pages) if nonzero is None else nonzero,
