@@ -213,10 +213,11 @@ class Engine:
         if self.s.t_ram is None:  # stopped while the disk copied first: no migrate issued
             raise Interrupted(end.cancelled_for or "cancelled")
         self.s.final = end.info
-        await self._release_controls()
         if end.status == "completed":
-            await self._switchover()
-        elif end.status == "cancelled":
+            await self._switchover()  # the source's controls go once it is not the VM
+            return
+        await self._release_controls()
+        if end.status == "cancelled":
             self.s.outcome, self.s.reason = "aborted", end.cancelled_for or "cancelled"
             await self._back_to_source()
         else:
@@ -307,6 +308,9 @@ class Engine:
             await self.dst.cmd("cont")
             self.s.t_cont = time.time()
         self.s.outcome = "completed"
+        # the source is stopped: its throttle and IO caps are released off the pause
+        with contextlib.suppress(LivemigError, OSError):
+            await self._release_controls()
         self.events.say("the guest runs on the destination")
         self.events.event("phase settling")
         await self.hooks.after_resume()
@@ -327,6 +331,7 @@ class Engine:
         self.events.say(f"failed: {reason}; the destination stays paused, the source "
                         "resumes")
         with contextlib.suppress(LivemigError, OSError):
+            await self._release_controls()  # before the source runs again
             if await self.dst.has_command("blockdev-set-active"):
                 await self.dst.cmd("blockdev-set-active", active=False)
         await self._back_to_source()
