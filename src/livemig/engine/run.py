@@ -43,6 +43,7 @@ from livemig.engine.sockstat import link_state, tcp_port
 from livemig.engine.stall import SwitchoverWatch
 from livemig.engine.verify import RamVerdict, skipped, verify_ram
 from livemig.errors import LivemigError, UsageError, VMError
+from livemig.settings import ram_check_budget_s
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -290,9 +291,10 @@ class Engine:
                 self.s.ram = skipped("the destination runs already (not started with -S)")
             else:
                 self.events.say("comparing guest RAM: source vs destination")
-                self.s.ram = await verify_ram(
-                    self.src, self.dst, str(self.neg.resolved.livemig["ram-check"]) if self.neg
-                    else "auto")
+                lm = self.neg.resolved.livemig if self.neg else {}
+                self.s.ram = await verify_ram(self.src, self.dst,
+                                              str(lm.get("ram-check", "auto")),
+                                              ram_check_budget_s(lm))
                 self.events.event("ram compared", **self.s.ram.as_dict())
                 disk_bad = await self.hooks.verify_more()
                 bad = mismatch_reason(self.s.ram, disk_bad)
