@@ -108,6 +108,9 @@ class FakeEnd:
             if self.status == "running":
                 raise VMError(f"{self.name}: refused while the VM runs")
             return self._digest(args)
+        if command == "human-monitor-command" and args.get("command-line") == "info ramblock":
+            return "".join(f"{n:>24} {'4 KiB':>8}  0x{0:016x} 0x{len(d):016x} 0x{len(d):016x} "
+                           f"0x{0:016x} {'rw':>3}\n" for n, d in self.ram.items())
         if command in self.commands:
             return {}
         raise VMError(f"{self.name}: {command}: not scripted")
@@ -122,5 +125,5 @@ class FakeEnd:
             length = int(args.get("length", len(data) - off))
             digests = [hashlib.sha256(bytes(data[o:min(o + chunk, off + length)])).hexdigest()
                        for o in range(off, off + length, chunk)]
-            blocks.append({"name": name, "size": length, "offset": off, "digests": digests})
+            blocks.append({"name": name, "size": len(data), "offset": off, "digests": digests})
         return {"algorithm": "sha256", "chunk-size": chunk, "blocks": blocks}

@@ -252,6 +252,9 @@ def _ram_note(result: str, d: dict[str, Any]) -> str:
         return (f" ({d['method']}: {fmt_bytes(d['bytes'])}, source "
                 f"{d['source_s']:.3f} s, destination {d['destination_s']:.3f} s)")
     note = f" ({d['method']})" if d.get("method") else ""
+    if d.get("coverage") is not None:  # a budget cut the digest comparison short
+        note = (f" ({d['method']}: {100 * d['coverage']:.0f} % of RAM in ranges at random; "
+                f"all of it would not fit the {d['budget_s']:g} s ram-check-budget)")
     if result == "mismatch":
         if d.get("first_mismatches"):
             note += f" at {', '.join(d['first_mismatches'])}"

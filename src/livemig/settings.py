@@ -70,6 +70,21 @@ def _link(value: str) -> str:
     return value
 
 
+def _budget(value: str) -> int | str:
+    """auto, or milliseconds (0: no limit)."""
+    if value == "auto":
+        return value
+    return int(_number(0, 3_600_000, int)(value))
+
+
+def ram_check_budget_s(livemig: Mapping[str, Any]) -> float | None:
+    """The resolved ``ram-check-budget`` in seconds; None: no limit. ``auto`` is the
+    run's ``max-downtime``: the longest pause it accepts for the switchover."""
+    value = livemig.get("ram-check-budget", "auto")
+    ms = livemig.get("max-downtime", 1000) if value == "auto" else value
+    return float(ms) / 1000.0 if ms else None
+
+
 def _bytes(value: str) -> int:
     return parse_size(value, "size")
 
@@ -164,6 +179,13 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
     "ram-check": LivemigSetting("auto", _choice("auto", "file", "digest"),
                                 "how guest RAM is verified: auto (RAM files when both ends "
                                 "have one, else QEMU's RAM digest), file, digest"),
+    "ram-check-budget": LivemigSetting(
+        "auto", _budget,
+        "ms the guest may wait paused for the RAM comparison (QEMU's digest of both "
+        "ends, ~0.05-0.15 s per GiB): all of RAM when it fits, else random ranges of "
+        "it until the budget is spent (the report's coverage); a libvirt run, whose "
+        "check QEMU does whole inside the switchover, leaves it off when its estimate "
+        "does not fit. auto: max-downtime; 0: no limit"),
     "disk-check": LivemigSetting("auto", _choice("auto", "nbd", "file", "stream"),
                                  "how a libvirt run verifies copied disks (--storage "
                                  "copy): nbd (read-only NBD exports of a QEMU on each "

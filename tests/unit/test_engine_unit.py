@@ -862,3 +862,46 @@ def test_disk_first_then_a_cancel_in_the_ram_phase_gives_up_the_disk_copy():
     assert disk.abandoned
     assert src.status == "running" and not dst.called("cont")
 
+
+
+def _ordered(src, dst) -> list[str]:
+    """One log of both ends' commands, in the order they were issued."""
+    order: list[str] = []
+    for name, end in (("src", src), ("dst", dst)):
+        orig = end.cmd
+
+        async def logged(command, _orig=orig, _name=name, **args):
+            order.append(f"{_name} {command}")
+            return await _orig(command, **args)
+
+        end.cmd = logged  # type: ignore[method-assign]
+    return order
+
+
+def test_a_completed_run_releases_the_stopped_sources_throttle_after_the_resume():
+    """The guest waits paused on the destination from its load to ``cont``: the
+    source's throttle and caps (a stopped QEMU) are released after that, not before."""
+    src, dst = _completed_ends()
+    src.commands.add("cancel-cpu-throttle")
+    order = _ordered(src, dst)
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults").validate()))
+    assert rec.outcome == "completed", rec.reason
+    assert order.index("dst cont") < order.index("src cancel-cpu-throttle")
+
+
+def test_a_refused_destination_releases_the_throttle_before_the_source_runs():
+    src, dst = _completed_ends()
+    src.commands.add("cancel-cpu-throttle")
+    orig = dst.cmd
+
+    async def corrupt_on_load(command, **args):
+        if command == "x-query-ram-digest" and not dst.called("x-query-ram-digest"):
+            dst.ram["pc.ram"][0x200010] ^= 0x40
+        return await orig(command, **args)
+
+    dst.cmd = corrupt_on_load  # type: ignore[method-assign]
+    order = _ordered(src, dst)
+    rec = run(Engine(src, dst, Plan(URI, settings=FAST, profile="defaults").validate()))
+    assert rec.outcome == "failed" and src.status == "running"
+    assert order.index("src cancel-cpu-throttle") < order.index("src cont")
+    assert "dst cont" not in order

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -220,6 +221,20 @@ def test_in_stream_ram_check_off_says_why(qemu: P.QemuInfo, sets: dict[str, str]
     assert not p.ram_check and why in p.ram_check_why
     assert p.src_caps.get(P.RAM_CHECK_CAP) is not True
     assert p.as_dict()["ram_check"].startswith("off: ")
+
+
+def test_in_stream_ram_check_that_would_not_fit_the_budget_is_off() -> None:
+    """QEMU digests all of RAM, source then destination, inside the pause: ~0.1 s per
+    GiB. A 16 GiB guest's check would not fit the default budget (max-downtime, 1 s);
+    an 8 GiB one does; asked for with no limit, or set on explicitly, it is on."""
+    big = dataclasses.replace(DIGEST, ram_bytes=16 << 30)
+    p = plan_for("defaults", qemu=big)
+    assert not p.ram_check and "would add ~1.6 s" in p.ram_check_why
+    assert "1 s ram-check-budget" in p.ram_check_why
+    assert plan_for("defaults", qemu=dataclasses.replace(DIGEST, ram_bytes=8 << 30)).ram_check
+    assert plan_for("defaults", {"ram-check-budget": "0"}, qemu=big).ram_check
+    assert plan_for("defaults", {"max-downtime": "2000"}, qemu=big).ram_check
+    assert plan_for("defaults", {P.RAM_CHECK_CAP: "on"}, qemu=big).ram_check
 
 
 def test_ram_fault_goes_to_the_destination_and_needs_the_check() -> None:

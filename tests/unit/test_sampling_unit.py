@@ -236,6 +236,28 @@ def test_the_patched_qemu_samples_itself_and_gets_a_second_plan():
     assert a.plan.wanted["throttle"] == "converge"
 
 
+def test_the_context_is_read_while_the_sample_waits_and_a_failed_sample_says_so():
+    """What the model needs to know of the QEMU (its codecs: query-qmp-schema, ~0.1 s)
+    is asked while QEMU's sampling thread runs, not before it: the user waits for the
+    sample before the migration starts. A sample that fails is a one-line error, and
+    the context's queries are not left running."""
+    q = _qemu({"x-calc-ram-sample", "set-cpu-throttle"}, ["none", "zstd", "lz4"],
+              Seq([{"status": "sampling"}, _reply()]),
+              {"downtime-limit": 300, encoding.DELTA_KEY: 0})
+    asyncio.run(adapt(q, _plan(), Hints(host_available=8 << 30), EventStream()))
+    names = [c for c, _ in q.log]
+    assert names.index("x-calc-ram-sample") < names.index("query-qmp-schema") \
+        < names.index("x-query-ram-sample")
+    q.replies["x-query-ram-sample"] = {"status": "failed", "error": "no RAM"}
+
+    async def failing() -> set[asyncio.Task[Any]]:
+        with pytest.raises(VMError, match=r"page sample \(qemu\): .*no RAM"):
+            await adapt(q, _plan(), Hints(host_available=8 << 30), EventStream())
+        return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
+
+    assert not asyncio.run(failing())
+
+
 def test_explicit_stream_settings_are_not_overridden():
     q = _qemu({"x-calc-ram-sample"}, ["none", "zstd"], _reply())
     a = asyncio.run(adapt(q, _plan({"multifd-compression": "zstd"}), Hints(), EventStream()))

@@ -18,6 +18,7 @@ Settings given with ``--set`` are never changed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -106,20 +107,29 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
     if given:
         events.event("encoding not chosen", reason=f"set explicitly: {', '.join(given)}")
         return {"encoding": None, "reason": f"set explicitly: {', '.join(given)}"}, {}
-    ctx = dataclasses.replace(await context(src, plan, hints), auto_converge=auto_converge)
     sampled: dict[str, Any] | None = None
     if want == "auto":
         sampler, close = sampler_for(src, plan.livemig_setting("sampler"), commands, hints)
         events.say(f"sampling the guest's pages ({sampler.name} sampler)")
+        # the context's queries (query-qmp-schema: ~0.1 s) while the sample waits for
+        # its next look: the user waits for both before the migration starts
+        reading = asyncio.ensure_future(context(src, plan, hints))
         try:
-            result = await sampler.sample()
-        except LivemigError as e:
-            raise VMError(f"page sample ({sampler.name}): {e}") from e
-        finally:
-            close()
+            try:
+                result = await sampler.sample()
+            finally:
+                close()
+        except BaseException as e:
+            reading.cancel()
+            await asyncio.wait({reading})
+            if isinstance(e, LivemigError):
+                raise VMError(f"page sample ({sampler.name}): {e}") from e
+            raise
+        ctx = dataclasses.replace(await reading, auto_converge=auto_converge)
         sampled = result.as_dict()
         choice = encoding.choose_sample(result.sample, ctx)
     elif want in encoding.ENCODINGS:
+        ctx = dataclasses.replace(await context(src, plan, hints), auto_converge=auto_converge)
         choice = encoding.Choice(want, "set explicitly")
     else:  # plan validation refuses this already
         raise UsageError(f"bad --set encoding={want}")

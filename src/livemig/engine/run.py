@@ -43,6 +43,7 @@ from livemig.engine.sockstat import link_state, tcp_port
 from livemig.engine.stall import SwitchoverWatch
 from livemig.engine.verify import RamVerdict, skipped, verify_ram
 from livemig.errors import LivemigError, UsageError, VMError
+from livemig.settings import ram_check_budget_s
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -213,10 +214,11 @@ class Engine:
         if self.s.t_ram is None:  # stopped while the disk copied first: no migrate issued
             raise Interrupted(end.cancelled_for or "cancelled")
         self.s.final = end.info
-        await self._release_controls()
         if end.status == "completed":
-            await self._switchover()
-        elif end.status == "cancelled":
+            await self._switchover()  # the source's controls go once it is not the VM
+            return
+        await self._release_controls()
+        if end.status == "cancelled":
             self.s.outcome, self.s.reason = "aborted", end.cancelled_for or "cancelled"
             await self._back_to_source()
         else:
@@ -289,9 +291,10 @@ class Engine:
                 self.s.ram = skipped("the destination runs already (not started with -S)")
             else:
                 self.events.say("comparing guest RAM: source vs destination")
-                self.s.ram = await verify_ram(
-                    self.src, self.dst, str(self.neg.resolved.livemig["ram-check"]) if self.neg
-                    else "auto")
+                lm = self.neg.resolved.livemig if self.neg else {}
+                self.s.ram = await verify_ram(self.src, self.dst,
+                                              str(lm.get("ram-check", "auto")),
+                                              ram_check_budget_s(lm))
                 self.events.event("ram compared", **self.s.ram.as_dict())
                 disk_bad = await self.hooks.verify_more()
                 bad = mismatch_reason(self.s.ram, disk_bad)
@@ -307,6 +310,9 @@ class Engine:
             await self.dst.cmd("cont")
             self.s.t_cont = time.time()
         self.s.outcome = "completed"
+        # the source is stopped: its throttle and IO caps are released off the pause
+        with contextlib.suppress(LivemigError, OSError):
+            await self._release_controls()
         self.events.say("the guest runs on the destination")
         self.events.event("phase settling")
         await self.hooks.after_resume()
@@ -327,6 +333,7 @@ class Engine:
         self.events.say(f"failed: {reason}; the destination stays paused, the source "
                         "resumes")
         with contextlib.suppress(LivemigError, OSError):
+            await self._release_controls()  # before the source runs again
             if await self.dst.has_command("blockdev-set-active"):
                 await self.dst.cmd("blockdev-set-active", active=False)
         await self._back_to_source()

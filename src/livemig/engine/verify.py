@@ -10,12 +10,26 @@ Two backends, chosen per run:
   that differs is digested again page by page (``chunk-size`` 4096) to name the
   first differing pages.
 
+The guest waits paused on the destination while both ends read all of their RAM:
+~0.05 s per GiB and side on a quiet host, 0.13-0.16 s per GiB here with both ends
+on one busy 2-core host, so seconds for a guest of tens of GiB. With a ``budget``
+(seconds; the run's ``ram-check-budget``) the digest is timed first on a
+:data:`PROBE` of the largest block on both ends; when all of RAM fits in what is
+left of the budget it is compared whole, as without one; when it does not, ranges
+of :data:`SPAN` bytes picked at random over every block are compared until the
+budget is spent, and the verdict says which share of RAM that covered
+(``coverage``): a corruption confined to a few pages may then go unseen, one that
+touches a whole block or a share of all pages (a dirty-tracking bug) is found.
+
 Neither available: ``skipped`` with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +47,12 @@ MAX_REPORTED = 16
 # MAX_DRILLED x 4 MiB = 64 MiB more digesting, not a second pass over all of RAM.
 MAX_DRILLED = 16
 MAIN_RAM_BLOCKS = ("pc.ram", "ram0", "/objects/ram0")
+PROBE = 64 << 20  # digested first on both ends to time the digest on these hosts
+# slower than any digest measured (0.13-0.16 s per GiB with both ends on one busy
+# 2-core host): RAM that fits the budget even at this rate is compared whole, unprobed
+SLOW_S_PER_BYTE = 0.5 / (1 << 30)
+_now = time.monotonic  # the budget's clock
+SPAN = 64 << 20  # one sampled range (sixteen chunks) when all of RAM does not fit
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,8 @@ class RamVerdict:
     bytes_compared: int = 0
     mismatched_chunks: int = 0
     capped: bool = False  # more chunks differed than were drilled into: pages undercounted
+    coverage: float | None = None  # share of RAM compared, when a budget cut it short
+    budget_s: float | None = None  # the budget that did
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -64,6 +86,9 @@ class RamVerdict:
                 d["pages_counted_in_first_chunks"] = MAX_DRILLED
             gib = self.bytes_compared / (1 << 30)
             d["seconds_per_gib"] = round(self.seconds / gib, 3) if gib else None
+            if self.coverage is not None:
+                d["coverage"] = round(self.coverage, 4)
+                d["budget_s"] = self.budget_s
         return d
 
 
@@ -108,61 +133,146 @@ def where(block: str, offset: int, ram_size: int | None) -> str:
     return f"{block}+{offset:#x}"
 
 
-async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK) -> RamVerdict:
-    """Compare block by block, chunk by chunk; drill into differing chunks."""
-    t0 = time.monotonic()
-    a, b = await asyncio.gather(digest(src, **{"chunk-size": chunk}),
-                                digest(dst, **{"chunk-size": chunk}))
-    if a.algorithm != b.algorithm or a.chunk_size != b.chunk_size:
-        raise VMError(f"{DIGEST_CMD}: the ends answer differently ({a.algorithm}/"
-                      f"{a.chunk_size} vs {b.algorithm}/{b.chunk_size})")
-    dst_blocks = {blk.name: blk for blk in b.blocks}
-    main = next((blk.size for blk in a.blocks if blk.name in MAIN_RAM_BLOCKS), None)
-    mismatches: list[str] = []
-    bad_pages = bad_chunks = pages = total = drilled = 0
-    capped = False
-    for sb in a.blocks:
-        db = dst_blocks.pop(sb.name, None)
-        pages += sb.size // PAGE
-        total += sb.size
-        if db is None or db.size != sb.size or len(db.digests) != len(sb.digests):
-            bad_chunks += len(sb.digests)
-            bad_pages += sb.size // PAGE
-            mismatches.append(f"{sb.name}: "
-                              + ("missing on the destination" if db is None else
-                                 f"size {sb.size:#x} vs {db.size:#x}"))
+def parse_ramblocks(text: str) -> list[tuple[str, int]]:
+    """(name, used bytes) of each RAM block in HMP ``info ramblock``'s table."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"\s*(\S+)\s+\d+\s*[KMG]?i?B\s+0x[0-9a-fA-F]+\s+(0x[0-9a-fA-F]+)\s", line)
+        if m:
+            out.append((m.group(1), int(m.group(2), 16)))
+    return out
+
+
+class _Tally:
+    """Digest replies of both ends compared chunk by chunk, differing chunks drilled
+    into page by page, over any number of (whole or ranged) replies."""
+
+    def __init__(self, src: QmpEnd, dst: QmpEnd) -> None:
+        self.src, self.dst = src, dst
+        self.mismatches: list[str] = []
+        self.bad_pages = self.bad_chunks = self.bytes = self.drilled = 0
+        self.capped = False
+        self.main: int | None = None  # the main RAM block's size: guest addresses
+
+    async def add(self, a: Digest, b: Digest) -> None:
+        if a.algorithm != b.algorithm or a.chunk_size != b.chunk_size:
+            raise VMError(f"{DIGEST_CMD}: the ends answer differently ({a.algorithm}/"
+                          f"{a.chunk_size} vs {b.algorithm}/{b.chunk_size})")
+        dst_blocks = {blk.name: blk for blk in b.blocks}
+        if self.main is None:
+            self.main = next((blk.size for blk in a.blocks if blk.name in MAIN_RAM_BLOCKS),
+                             None)
+        for sb in a.blocks:
+            db = dst_blocks.pop(sb.name, None)
+            span = min(len(sb.digests) * a.chunk_size, max(0, sb.size - sb.offset))
+            self.bytes += span
+            if db is None or db.size != sb.size or len(db.digests) != len(sb.digests):
+                self.bad_chunks += len(sb.digests)
+                self.bad_pages += span // PAGE
+                self.mismatches.append(f"{sb.name}: "
+                                       + ("missing on the destination" if db is None else
+                                          f"size {sb.size:#x} vs {db.size:#x}"))
+                continue
+            for i, (x, y) in enumerate(zip(sb.digests, db.digests, strict=True)):
+                if x != y:
+                    await self._differs(sb, sb.offset + i * a.chunk_size, a.chunk_size)
+        for name in dst_blocks:
+            self.mismatches.append(f"{name}: missing on the source")
+            self.bad_chunks += 1
+
+    async def _differs(self, sb: DigestBlock, off: int, chunk: int) -> None:
+        self.bad_chunks += 1
+        if self.drilled >= MAX_DRILLED:
+            self.capped = True
+            return
+        self.drilled += 1
+        length = min(chunk, sb.size - off)
+        args = {"block": sb.name, "offset": off, "length": length, "chunk-size": PAGE}
+        pa, pb = await asyncio.gather(digest(self.src, **args), digest(self.dst, **args))
+        pda, pdb = pa.blocks[0].digests, pb.blocks[0].digests
+        for j, (p, q) in enumerate(zip(pda, pdb, strict=False)):
+            if p != q:
+                self.bad_pages += 1
+                if len(self.mismatches) < MAX_REPORTED:
+                    self.mismatches.append(where(sb.name, off + j * PAGE, self.main))
+
+    def verdict(self, seconds: float, coverage: float | None = None,
+                budget_s: float | None = None) -> RamVerdict:
+        bad = self.bad_pages or self.bad_chunks
+        return RamVerdict("mismatch" if bad else "ok", "digest",
+                          pages_compared=self.bytes // PAGE, mismatched_pages=self.bad_pages,
+                          first_mismatches=tuple(self.mismatches[:MAX_REPORTED]),
+                          seconds=seconds, bytes_compared=self.bytes,
+                          mismatched_chunks=self.bad_chunks, capped=self.capped,
+                          coverage=coverage, budget_s=budget_s)
+
+
+async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK,
+                          budget: float | None = None, seed: int | None = None
+                          ) -> RamVerdict:
+    """Compare block by block, chunk by chunk; drill into differing chunks. With a
+    ``budget`` (seconds), all of RAM only if it fits, else random ranges until the
+    budget is spent (see the module's docstring)."""
+    t0 = _now()
+    tally = _Tally(src, dst)
+    whole = {"chunk-size": chunk}
+    blocks = await _blocks(src) if budget else []
+    total = sum(size for _, size in blocks)
+    pair: tuple[Digest, Digest] | None = None
+    per_byte = SLOW_S_PER_BYTE
+    name, size = max(blocks, key=lambda b: b[1]) if blocks else ("", 0)
+    if budget and total * SLOW_S_PER_BYTE > budget:
+        probe: dict[str, Any] = {"chunk-size": chunk, "block": name, "offset": 0,
+                                 "length": min(PROBE, size)}
+        t1 = _now()
+        with contextlib.suppress(VMError):  # a block QEMU does not migrate: whole
+            a, b = await asyncio.gather(digest(src, **probe), digest(dst, **probe))
+            pair = (a, b)
+        per_byte = (_now() - t1) / max(1, min(PROBE, size))
+    if budget is None or pair is None or \
+            per_byte * total <= budget - (_now() - t0):
+        await tally.add(*await asyncio.gather(digest(src, **whole), digest(dst, **whole)))
+        return tally.verdict(_now() - t0)
+    await tally.add(*pair)
+    ranges = [(n, off, min(SPAN, sz - off)) for n, sz in blocks
+              for off in range(0, sz, SPAN) if (n, off) != (name, 0)]
+    random.Random(seed).shuffle(ranges)
+    for n, off, length in ranges:
+        t = _now()
+        if t - t0 + per_byte * length > budget:
+            break
+        args = {"chunk-size": chunk, "block": n, "offset": off, "length": length}
+        got = await asyncio.gather(digest(src, **args), digest(dst, **args),
+                                   return_exceptions=True)
+        if isinstance(got[0], BaseException):  # a block this QEMU does not migrate
+            if not isinstance(got[0], VMError):
+                raise got[0]
             continue
-        for i, (x, y) in enumerate(zip(sb.digests, db.digests, strict=True)):
-            if x == y:
-                continue
-            bad_chunks += 1
-            if drilled >= MAX_DRILLED:
-                capped = True
-                continue
-            drilled += 1
-            off = sb.offset + i * a.chunk_size
-            length = min(a.chunk_size, sb.offset + sb.size - off)
-            args = {"block": sb.name, "offset": off, "length": length, "chunk-size": PAGE}
-            pa, pb = await asyncio.gather(digest(src, **args), digest(dst, **args))
-            pda, pdb = pa.blocks[0].digests, pb.blocks[0].digests
-            for j, (p, q) in enumerate(zip(pda, pdb, strict=False)):
-                if p != q:
-                    bad_pages += 1
-                    if len(mismatches) < MAX_REPORTED:
-                        mismatches.append(where(sb.name, off + j * PAGE, main))
-    for name in dst_blocks:
-        mismatches.append(f"{name}: missing on the source")
-        bad_chunks += 1
-    bad = bad_pages or bad_chunks
-    return RamVerdict("mismatch" if bad else "ok", "digest", pages_compared=pages,
-                      mismatched_pages=bad_pages, first_mismatches=tuple(mismatches[:MAX_REPORTED]),
-                      seconds=time.monotonic() - t0, bytes_compared=total,
-                      mismatched_chunks=bad_chunks, capped=capped)
+        if isinstance(got[1], BaseException) and not isinstance(got[1], VMError):
+            raise got[1]
+        a = got[0]
+        # a block the source migrates and the destination does not have: a mismatch
+        await tally.add(a, got[1] if isinstance(got[1], Digest)
+                        else Digest(a.algorithm, a.chunk_size))
+        per_byte = max(per_byte, (_now() - t) / max(1, length))
+    return tally.verdict(_now() - t0, coverage=tally.bytes / max(1, total),
+                         budget_s=budget)
 
 
-async def verify_ram(src: QmpEnd, dst: QmpEnd, method: str = "auto") -> RamVerdict:
+async def _blocks(end: QmpEnd) -> list[tuple[str, int]]:
+    """The RAM blocks by HMP (``info ramblock``); none if this QEMU cannot say."""
+    try:
+        text = await end.cmd("human-monitor-command", **{"command-line": "info ramblock"})
+    except (VMError, OSError):
+        return []
+    return [(n, size) for n, size in parse_ramblocks(str(text)) if size > 0]
+
+
+async def verify_ram(src: QmpEnd, dst: QmpEnd, method: str = "auto",
+                     budget: float | None = None) -> RamVerdict:
     """Pick the backend (``auto``, ``file`` or ``digest``) and compare. Both ends
-    must be stopped."""
+    must be stopped. ``budget``: seconds the digest comparison may hold the guest
+    paused (None or 0: all of RAM, however long; the file comparison is exact)."""
     sf, df = src.ram_file, dst.ram_file
     files = sf is not None and df is not None and sf.exists() and df.exists()
     if method == "file" and not files:
@@ -176,7 +286,7 @@ async def verify_ram(src: QmpEnd, dst: QmpEnd, method: str = "auto") -> RamVerdi
             first_mismatches=tuple(f"{x:#x}" for x in c.first_mismatches),
             seconds=c.seconds, bytes_compared=size)
     if await src.has_command(DIGEST_CMD) and await dst.has_command(DIGEST_CMD):
-        return await compare_digests(src, dst)
+        return await compare_digests(src, dst, budget=budget)
     if method == "digest":
         return skipped(f"ram-check=digest: this QEMU has no {DIGEST_CMD} (needs the "
                        "patched build)")

@@ -55,7 +55,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from livemig.errors import UsageError
-from livemig.settings import DRAIN_CAP, DRAIN_NEEDS, LIVEMIG_SETTINGS, _convert_param
+from livemig.settings import (
+    DRAIN_CAP,
+    DRAIN_NEEDS,
+    LIVEMIG_SETTINGS,
+    _convert_param,
+    ram_check_budget_s,
+)
 
 # libvirt's flag and parameter names (values from libvirt-domain.h; the binding is
 # not imported here so that this module stays pure and testable without libvirt)
@@ -119,6 +125,10 @@ LZ4_MARK = "multifd-lz4-acceleration"  # present in the patched build only
 # patched QEMU (0006): the in-stream RAM check, and its testing-only fault (a byte of
 # the destination's first RAM block flipped before it compares)
 RAM_CHECK_CAP = "x-ram-digest-check"
+# the in-stream check's pause per GiB of guest RAM: both ends digest it in turn at ~0.05
+# s per GiB each on a quiet host (patch 0006's measurement; 0.13-0.16 s each with both
+# ends on one busy 2-core host)
+IN_STREAM_S_PER_GIB = 0.1
 RAM_CHECK_FAULT = "x-ram-digest-check-fault"
 # livemig settings a libvirt run cannot carry out, and why (said in the report's
 # events whenever the profile or --set asks for more than the default)
@@ -161,6 +171,7 @@ class QemuInfo:
     capabilities: frozenset[str]
     parameters: Mapping[str, Any]
     commands: frozenset[str]
+    ram_bytes: int | None = None  # the guest's RAM (query-memory-size-summary)
 
     @property
     def throttle_knob(self) -> str | None:
@@ -378,7 +389,7 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
     if req.verify and req.storage == "copy":
         flags |= PAUSED  # the images are compared before the destination runs
     dst_globals = {k: str(v) for k, v in src_qmp.items() if k in STREAM_PARAMS}
-    ram_check, why = _ram_check(qemu, req, flags, src_caps)
+    ram_check, why = _ram_check(qemu, req, flags, src_caps, ram_check_budget_s(lm))
     if ram_check:
         src_caps[RAM_CHECK_CAP] = True
     if req.ram_fault is not None:
@@ -431,13 +442,16 @@ def disk_check_fallback(one_machine: bool) -> str:
 
 
 def _ram_check(qemu: QemuInfo, req: Request, flags: int,
-               src_caps: Mapping[str, bool]) -> tuple[bool, str]:
+               src_caps: Mapping[str, bool], budget: float | None = None
+               ) -> tuple[bool, str]:
     """Whether the source sends its RAM digests in the stream (patch 0006), or why not.
 
     libvirt stops the source QEMU inside the call that completes the migration, so
     the source cannot be digested from outside once it is frozen; the check has to
     happen inside the migration, where QEMU fails it on a mismatch (libvirt then
-    resumes the source).
+    resumes the source). QEMU digests all of RAM there, the source and then the
+    destination, inside the guest's pause: a guest whose estimate
+    (:data:`IN_STREAM_S_PER_GIB`) does not fit the ``ram-check-budget`` goes without.
     """
     if not req.verify:
         return False, "--no-verify"
@@ -451,6 +465,13 @@ def _ram_check(qemu: QemuInfo, req: Request, flags: int,
                        f"(QEMU refuses {RAM_CHECK_CAP} with postcopy-ram)")
     if src_caps.get(RAM_CHECK_CAP) is False:
         return False, f"--set {RAM_CHECK_CAP}=off"
+    if RAM_CHECK_CAP in src_caps:  # --set x-ram-digest-check=on: asked for, whatever it costs
+        return True, ""
+    pause = (qemu.ram_bytes or 0) / (1 << 30) * IN_STREAM_S_PER_GIB
+    if budget is not None and pause > budget:
+        return False, (f"QEMU's in-stream digest of {(qemu.ram_bytes or 0) / (1 << 30):.0f} "
+                       f"GiB would add ~{pause:.1f} s to the guest's pause, over the "
+                       f"{budget:g} s ram-check-budget (--set ram-check-budget=0: no limit)")
     return True, ""
 
 

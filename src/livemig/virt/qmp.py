@@ -39,8 +39,14 @@ def probe(dom: Any) -> QemuInfo:
     caps = command(dom, "query-migrate-capabilities")
     params = command(dom, "query-migrate-parameters")
     cmds = command(dom, "query-commands")
+    try:
+        mem = command(dom, "query-memory-size-summary")
+        ram: int | None = int(mem.get("base-memory", 0)) + int(mem.get("plugged-memory", 0))
+    except (LibvirtError, TypeError, ValueError, AttributeError):
+        ram = None
     return QemuInfo(capabilities=frozenset(c["capability"] for c in caps),
-                    parameters=dict(params), commands=frozenset(c["name"] for c in cmds))
+                    parameters=dict(params), commands=frozenset(c["name"] for c in cmds),
+                    ram_bytes=ram)
 
 
 def current_capabilities(dom: Any) -> dict[str, bool]:
