@@ -102,9 +102,12 @@ def test_a_difference_in_a_compared_range_is_found_and_named(
     src, dst = _ends()
     dst.ram["pc.ram"][0x1234] ^= 0x40  # in the probe: always compared
     monkeypatch.setattr(verify, "_now", _clock(per_call=0.01))
-    v = asyncio.run(compare_digests(src, dst, chunk=MIB, budget=0.05, seed=1))
+    v = asyncio.run(compare_digests(src, dst, chunk=MIB, budget=0.5, seed=1))
     assert v.result == "mismatch" and v.coverage is not None and v.coverage < 1
     assert v.first_mismatches == ("0x1000",)
+    # a destination known to differ is not compared further: the source resumes sooner
+    ranged = [a for a in src.called("x-query-ram-digest") if a["chunk-size"] == MIB]
+    assert ranged == [{"chunk-size": MIB, "block": "pc.ram", "offset": 0, "length": MIB}]
 
 
 def test_a_difference_outside_the_ranges_is_the_price_of_the_budget(

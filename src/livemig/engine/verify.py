@@ -237,16 +237,20 @@ async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK,
     ranges = [(n, off, min(SPAN, sz - off)) for n, sz in blocks
               for off in range(0, sz, SPAN) if (n, off) != (name, 0)]
     random.Random(seed).shuffle(ranges)
+    unmigrated: set[str] = set()
     for n, off, length in ranges:
         t = _now()
-        if t - t0 + per_byte * length > budget:
-            break
+        if t - t0 + per_byte * length > budget or tally.bad_chunks:
+            break  # out of time, or the destination is known to differ already
+        if n in unmigrated:
+            continue
         args = {"chunk-size": chunk, "block": n, "offset": off, "length": length}
         got = await asyncio.gather(digest(src, **args), digest(dst, **args),
                                    return_exceptions=True)
         if isinstance(got[0], BaseException):  # a block this QEMU does not migrate
             if not isinstance(got[0], VMError):
                 raise got[0]
+            unmigrated.add(n)
             continue
         if isinstance(got[1], BaseException) and not isinstance(got[1], VMError):
             raise got[1]
@@ -255,7 +259,8 @@ async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK,
         await tally.add(a, got[1] if isinstance(got[1], Digest)
                         else Digest(a.algorithm, a.chunk_size))
         per_byte = max(per_byte, (_now() - t) / max(1, length))
-    return tally.verdict(_now() - t0, coverage=tally.bytes / max(1, total),
+    total -= sum(sz for n, sz in blocks if n in unmigrated)
+    return tally.verdict(_now() - t0, coverage=min(1.0, tally.bytes / max(1, total)),
                          budget_s=budget)
 
 
