@@ -219,18 +219,18 @@ async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK,
     blocks = await _blocks(src) if budget else []
     total = sum(size for _, size in blocks)
     pair: tuple[Digest, Digest] | None = None
-    per_byte = SLOW_S_PER_BYTE
+    probe_s = 0.0
     name, size = max(blocks, key=lambda b: b[1]) if blocks else ("", 0)
+    probed = min(PROBE, size)
     if budget and total * SLOW_S_PER_BYTE > budget:
-        probe: dict[str, Any] = {"chunk-size": chunk, "block": name, "offset": 0,
-                                 "length": min(PROBE, size)}
+        probe = {"chunk-size": chunk, "block": name, "offset": 0, "length": probed}
         t1 = _now()
         with contextlib.suppress(VMError):  # a block QEMU does not migrate: whole
             a, b = await asyncio.gather(digest(src, **probe), digest(dst, **probe))
             pair = (a, b)
-        per_byte = (_now() - t1) / max(1, min(PROBE, size))
+        probe_s = _now() - t1
     if budget is None or pair is None or \
-            per_byte * total <= budget - (_now() - t0):
+            probe_s / probed * total <= budget - (_now() - t0):
         await tally.add(*await asyncio.gather(digest(src, **whole), digest(dst, **whole)))
         return tally.verdict(_now() - t0)
     await tally.add(*pair)
@@ -238,9 +238,12 @@ async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK,
               for off in range(0, sz, SPAN) if (n, off) != (name, 0)]
     random.Random(seed).shuffle(ranges)
     unmigrated: set[str] = set()
+    # the time of a range: its bytes at the rate the large ones showed, plus the calls'
+    # own cost (which alone is what a small block's range shows)
+    spent, digested, call = probe_s, probed, 0.0
     for n, off, length in ranges:
         t = _now()
-        if t - t0 + per_byte * length > budget or tally.bad_chunks:
+        if t - t0 + spent / digested * length + call > budget or tally.bad_chunks:
             break  # out of time, or the destination is known to differ already
         if n in unmigrated:
             continue
@@ -258,7 +261,11 @@ async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK,
         # a block the source migrates and the destination does not have: a mismatch
         await tally.add(a, got[1] if isinstance(got[1], Digest)
                         else Digest(a.algorithm, a.chunk_size))
-        per_byte = max(per_byte, (_now() - t) / max(1, length))
+        took = _now() - t
+        if length >= SPAN // 2:
+            spent, digested = spent + took, digested + length
+        else:
+            call = max(call, took)
     total -= sum(sz for n, sz in blocks if n in unmigrated)
     return tally.verdict(_now() - t0, coverage=min(1.0, tally.bytes / max(1, total)),
                          budget_s=budget)
