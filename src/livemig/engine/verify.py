@@ -14,8 +14,8 @@ The guest waits paused on the destination while both ends read all of their RAM:
 ~0.05 s per GiB and side on a quiet host, 0.13-0.16 s per GiB here with both ends
 on one busy 2-core host, so seconds for a guest of tens of GiB. With a ``budget``
 (seconds; the run's ``ram-check-budget``) the digest is timed first on a
-:data:`PROBE` of the largest block on both ends; when all of RAM fits in what is
-left of the budget it is compared whole, as without one; when it does not, ranges
+:data:`PROBE` (256 MiB) of the largest block on both ends; when all of RAM fits in what
+is left of the budget it is compared whole, as without one; when it does not, ranges
 of :data:`SPAN` bytes picked at random over every block are compared until the
 budget is spent, and the verdict says which share of RAM that covered
 (``coverage``): a corruption confined to a few pages may then go unseen, one that
@@ -47,12 +47,15 @@ MAX_REPORTED = 16
 # MAX_DRILLED x 4 MiB = 64 MiB more digesting, not a second pass over all of RAM.
 MAX_DRILLED = 16
 MAIN_RAM_BLOCKS = ("pc.ram", "ram0", "/objects/ram0")
-PROBE = 64 << 20  # digested first on both ends to time the digest on these hosts
+# digested first on both ends to time the digest on these hosts; ranges as large,
+# since every call costs its own ~10 ms here (QMP to two QEMUs), as much as 64 MiB of
+# digest: with 64 MiB ranges an 8 GiB guest got 0.28 s per GiB where one call gets 0.13
+PROBE = 256 << 20
 # slower than any digest measured (0.13-0.16 s per GiB with both ends on one busy
 # 2-core host): RAM that fits the budget even at this rate is compared whole, unprobed
 SLOW_S_PER_BYTE = 0.5 / (1 << 30)
 _now = time.monotonic  # the budget's clock
-SPAN = 64 << 20  # one sampled range (sixteen chunks) when all of RAM does not fit
+SPAN = PROBE  # one sampled range when all of RAM does not fit
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,8 @@ class FileSampler:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.waiting = asyncio.Event()
+        self.waiting.set()  # no QEMU call at all
 
     async def sample(self, pages: int = DEFAULT_PAGES,
                      interval: float = DEFAULT_INTERVAL) -> SampleResult:

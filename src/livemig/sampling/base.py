@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,9 +37,12 @@ class SampleResult:
 
 
 class Sampler(Protocol):
-    """Two looks at the same random pages of the guest, ``interval`` seconds apart."""
+    """Two looks at the same random pages of the guest, ``interval`` seconds apart.
+    ``waiting`` is set while the sampler waits for its next look and leaves QEMU's
+    monitor free (the caller's own queries go there, not between the reads)."""
 
     name: str
+    waiting: asyncio.Event
 
     async def sample(self, pages: int = DEFAULT_PAGES,
                      interval: float = DEFAULT_INTERVAL) -> SampleResult: ...

@@ -17,6 +17,7 @@ own context (its link share, its CPUs, its QEMU's codecs).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -92,6 +93,8 @@ class GivenSampler:
     """A sampler that hands back a sample taken before (no look at the guest)."""
 
     def __init__(self, result: SampleResult) -> None:
+        self.waiting = asyncio.Event()
+        self.waiting.set()  # nothing to read
         self.result = result
         self.name = f"given ({result.sampler})"
 

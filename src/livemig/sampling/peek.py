@@ -69,6 +69,7 @@ class PeekSampler:
         self.codecs = codecs
         self.seed = seed
         self.max_pages = max_pages
+        self.waiting = asyncio.Event()  # set after the first look: the reads are over
 
     async def _again(self, keep: list[int], first: dict[int, tuple[float, list[bytes]]],
                      span: int) -> tuple[list[tuple[list[bytes], bytes]], float]:
@@ -123,6 +124,7 @@ class PeekSampler:
             await short.start()
         look1_end = time.monotonic()
         look1 = look1_end - t0
+        self.waiting.set()
         # a look half-way: with the last one, two points of the rewritten-pages curve
         await asyncio.sleep(interval / 2)
         mid_reads, mid_gap = await self._again(keep, first, span)

@@ -49,6 +49,7 @@ class QemuSampler:
     def __init__(self, cmd: Command, seed: int | None = None) -> None:
         self.cmd = cmd
         self.seed = seed
+        self.waiting = asyncio.Event()  # QEMU's thread samples: the monitor is free
 
     async def sample(self, pages: int = DEFAULT_PAGES,
                      interval: float = DEFAULT_INTERVAL) -> SampleResult:
@@ -57,6 +58,7 @@ class QemuSampler:
         if self.seed is not None:
             args["seed"] = self.seed
         await self.cmd(START, **args)
+        self.waiting.set()
         deadline = t0 + interval + SLACK_S
         while True:
             await asyncio.sleep(POLL_S)
