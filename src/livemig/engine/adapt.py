@@ -113,10 +113,8 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
         events.say(f"sampling the guest's pages ({sampler.name} sampler)")
         # the context's queries (query-qmp-schema: ~0.1 s) while the sample waits for
         # its next look: the user waits for both before the migration starts
-        waiting = getattr(sampler, "waiting", None) or asyncio.Event()
-
         async def read_context() -> encoding.Context:
-            await waiting.wait()
+            await sampler.waiting.wait()
             return await context(src, plan, hints)
 
         reading = asyncio.ensure_future(read_context())
@@ -125,7 +123,7 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
                 result = await sampler.sample()
             finally:
                 close()
-                waiting.set()
+                sampler.waiting.set()
         except BaseException as e:
             reading.cancel()
             await asyncio.wait({reading})

@@ -232,8 +232,7 @@ async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK,
             a, b = await asyncio.gather(digest(src, **probe), digest(dst, **probe))
             pair = (a, b)
         probe_s = _now() - t1
-    if budget is None or pair is None or \
-            probe_s / probed * total <= budget - (_now() - t0):
+    if pair is None or budget is None or probe_s / probed * total <= budget - (_now() - t0):
         await tally.add(*await asyncio.gather(digest(src, **whole), digest(dst, **whole)))
         return tally.verdict(_now() - t0)
     await tally.add(*pair)

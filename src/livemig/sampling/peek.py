@@ -133,19 +133,11 @@ class PeekSampler:
         await asyncio.sleep(max(0.0, look1_end + interval - time.monotonic()))
         reads, gap = await self._again(keep, first, span)
         calls += len(mid_reads) + len(reads)
-        pairs: list[tuple[bytes, bytes]] = []
-        kept: list[bytes] = []
-        for before, after in reads:
-            for i, old in enumerate(before):
-                if old == zero:
-                    continue
-                new = after[i * PAGE:(i + 1) * PAGE]
-                kept.append(old)
-                if new != old:
-                    pairs.append((old, new))
+        pairs = [(old, new) for before, after in reads for i, old in enumerate(before)
+                 if old != zero and (new := after[i * PAGE:(i + 1) * PAGE]) != old]
         counted = await short.result() if short is not None else None
         sample = await asyncio.to_thread(
-            encoding.sample_from_pages, pairs, kept, looked, gap if reads else interval,
+            encoding.sample_from_pages, pairs, pages_first, looked, gap if reads else interval,
             self.codecs, nonzero, await codecs_first if codecs_first is not None else None)
         sample = dataclasses.replace(
             sample, mid_rewritten=mid_changed if mid_reads else None,

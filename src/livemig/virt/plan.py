@@ -125,11 +125,11 @@ LZ4_MARK = "multifd-lz4-acceleration"  # present in the patched build only
 # patched QEMU (0006): the in-stream RAM check, and its testing-only fault (a byte of
 # the destination's first RAM block flipped before it compares)
 RAM_CHECK_CAP = "x-ram-digest-check"
+RAM_CHECK_FAULT = "x-ram-digest-check-fault"
 # the in-stream check's pause per GiB of guest RAM: both ends digest it in turn at ~0.05
 # s per GiB each on a quiet host (patch 0006's measurement; 0.13-0.16 s each with both
 # ends on one busy 2-core host)
 IN_STREAM_S_PER_GIB = 0.1
-RAM_CHECK_FAULT = "x-ram-digest-check-fault"
 # livemig settings a libvirt run cannot carry out, and why (said in the report's
 # events whenever the profile or --set asks for more than the default)
 NOT_UNDER_LIBVIRT = {
