@@ -29,11 +29,15 @@ from livemig.sampling.layout import RamRange, parse_mtree
 CLUSTER = 16  # pages per read: 64 KiB, libvirt's memory-peek limit per call
 PEEK_PAGES = 1024  # non-zero pages kept: a quarter of QEMU's sample, reads cost calls
 # From the end of the first look to the start of the last. A cluster's own gap between
-# its reads is this plus the time since its first read, ~0.45 s with pmemsave on a busy
-# 2-core host; the recorded samples choose the same encoding with that gap as with the
-# 0.7 s an interval of 0.5 s gave (tests/unit/test_encoding_recorded.py), and the user
-# waits for every second of it before the migration starts.
-PEEK_INTERVAL = 0.25
+# its reads is this plus the time since its first read, ~0.45 s with pipelined pmemsave
+# reads on a busy 2-core host; the recorded samples choose the same encoding with that
+# gap as with the 0.7 s an interval of 0.5 s gave (tests/unit/test_encoding_recorded.py),
+# and the user waits for every second of it before the migration starts.
+PEEK_INTERVAL = 0.3
+# Reads in flight at once: QEMU answers a monitor's commands in order, so the next
+# read waits in its socket while QEMU runs the one before, and neither side waits out
+# the other's wake-up on a busy host.
+PIPELINE = 8
 
 Read = Callable[[int, int], Awaitable[bytes]]  # (gpa, size) -> bytes
 Hmp = Callable[[str], Awaitable[str]]
@@ -71,16 +75,30 @@ class PeekSampler:
         self.max_pages = max_pages
         self.waiting = asyncio.Event()  # set after the first look: the reads are over
 
+    async def _reads(self, gpas: list[int], span: int) -> list[tuple[float, bytes]]:
+        """Each cluster read, in order, with the time its read returned; up to
+        :data:`PIPELINE` reads in flight."""
+        slots = asyncio.Semaphore(max(1, PIPELINE))
+
+        async def one(gpa: int) -> tuple[float, bytes]:
+            async with slots:
+                data = await self.read(gpa, span)
+                return time.monotonic(), data
+        tasks = [asyncio.ensure_future(one(gpa)) for gpa in gpas]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for t in tasks:  # a failed read: the others are not left running
+                t.cancel()
+
     async def _again(self, keep: list[int], first: dict[int, tuple[float, list[bytes]]],
                      span: int) -> tuple[list[tuple[list[bytes], bytes]], float]:
         """The kept clusters read again: (the first look's pages, the new read) each,
         and the mean time since each cluster's first read."""
-        out: list[tuple[list[bytes], bytes]] = []
-        gaps: list[float] = []
-        for gpa in sorted(keep):
-            t1, before = first[gpa]
-            out.append((before, await self.read(gpa, span)))
-            gaps.append(time.monotonic() - t1)
+        gpas = sorted(keep)
+        reads = await self._reads(gpas, span)
+        out = [(first[gpa][1], data) for gpa, (_, data) in zip(gpas, reads, strict=True)]
+        gaps = [t - first[gpa][0] for gpa, (t, _) in zip(gpas, reads, strict=True)]
         return out, statistics.mean(gaps) if gaps else 0.0
 
     async def sample(self, pages: int = PEEK_PAGES,
@@ -95,10 +113,8 @@ class PeekSampler:
         first: dict[int, tuple[float, list[bytes]]] = {}
         looked = nonzero = 0
         calls = 0
-        for gpa in starts:
-            data = await self.read(gpa, span)
+        for gpa, (t, data) in zip(starts, await self._reads(starts, span), strict=True):
             calls += 1
-            t = time.monotonic()
             split = [data[i:i + PAGE] for i in range(0, len(data), PAGE)]
             looked += len(split)
             nz = sum(1 for p in split if p != zero)
