@@ -144,7 +144,7 @@ def measure(conn: Any, names: list[str], do_sample: bool = True) -> list[Measure
     chosen = [doms[n] for n in names]
     rates = dirty_rates(conn, chosen)
     out = []
-    for d in chosen:  # one after the other: ~1 s each (two looks 0.5 s apart)
+    for d in chosen:  # one after the other: ~0.6-1 s each (two looks ~0.45 s apart)
         info = d.info()
         ram = int(info[1]) * 1024
         note = "" if d.name() in rates else "dirty rate not measured: assumed 0"
