@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from livemig.policy.encoding import Context, Sample, choose_sample
+from livemig.policy.encoding import Context, Sample, choose_sample, rewrites_negligible
 from livemig.sampling import given
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "samples"
@@ -114,3 +114,42 @@ def test_the_half_way_look_chooses_as_the_last(family: str) -> None:
                                   mid_rewritten=None, mid_interval=None)
         assert choose_sample(cut, _ctx(family)).encoding == \
             choose_sample(s, _ctx(family)).encoding
+
+
+def _half_way(s: Sample) -> Sample:
+    assert s.mid_rewritten is not None and s.mid_interval is not None
+    return dataclasses.replace(s, rewritten=s.mid_rewritten, interval=s.mid_interval,
+                               mid_rewritten=None, mid_interval=None)
+
+
+@pytest.mark.parametrize("family", sorted(LINKS))
+def test_a_rewriting_guest_is_not_decided_at_the_half_way_look(family: str) -> None:
+    """The peek samplers stop at their half-way look when the model says the guest's
+    rewrites cannot change its choice (``rewrites_negligible``). Every recorded guest
+    rewrites enough for the last look to matter on its link. On a 10 Gbit/s link with
+    two CPUs a first pass is short enough for a light writer's rewrites to be within
+    the tie; where the half-way look is taken as the last there, it chooses what the
+    whole sample chooses."""
+    for s in _recorded(family):
+        assert not rewrites_negligible(_half_way(s), _ctx(family))
+        fast = dataclasses.replace(_ctx(family), link_rate=10e9 / 8, cpus=2.0)
+        if rewrites_negligible(_half_way(s), fast):
+            assert choose_sample(_half_way(s), fast).encoding == \
+                choose_sample(s, fast).encoding
+
+
+@pytest.mark.parametrize("family", sorted(LINKS))
+def test_a_guest_that_stopped_writing_is_decided_by_its_first_pass(family: str) -> None:
+    """The same recorded pages with nothing rewritten and QEMU counting 1 MiB/s: at
+    1 Gbit/s the half-way look settles it, and it chooses what the whole sample of such
+    a guest would (the first pass's codec); at 10 Mbit/s the first pass is long enough
+    for three rewritten pages of the kept ones to matter, so it waits."""
+    for s in _recorded(family):
+        idle = dataclasses.replace(s, rewritten=0, mid_rewritten=0, short_rate=float(MIB),
+                                   short_interval=0.1)
+        cut = _half_way(idle)
+        gbit = dataclasses.replace(_ctx(family), link_rate=1e9 / 8)
+        assert rewrites_negligible(cut, gbit)
+        assert choose_sample(cut, gbit).encoding == choose_sample(idle, gbit).encoding
+        slow = dataclasses.replace(_ctx(family), link_rate=10e6 / 8)
+        assert not rewrites_negligible(cut, slow)

@@ -109,6 +109,63 @@ def test_a_guest_that_does_not_write_shows_no_rewrites():
     assert res.sample.rewritten == 0 and res.sample.kept >= 256
 
 
+def _settled_by_the_model(link_rate: float) -> Any:
+    """The engine's check (adapt): the model on a 1 GiB guest at ``link_rate``; the
+    samples it was asked about are kept."""
+    asked: list[encoding.Sample] = []
+
+    async def settled(s: encoding.Sample) -> bool:
+        asked.append(s)
+        return encoding.rewrites_negligible(
+            s, encoding.Context(link_rate=link_rate, guest_ram=64 << 20))
+    return settled, asked
+
+
+def test_a_guest_that_does_not_write_is_decided_at_the_half_way_look():
+    g = Guest()
+    settled, asked = _settled_by_the_model(1e9 / 8)
+    res = asyncio.run(PeekSampler("test", g.hmp, g.read, settled=settled).sample(256, 0.2))
+    assert len(asked) == 1 and res.detail.get("settled_at_half_way") is True
+    assert res.sample == asked[0] and res.sample.rewritten == 0
+    assert res.sample.mid_rewritten is None  # the half-way look is the last
+    assert g.reads == res.detail["calls"]
+    full = asyncio.run(PeekSampler("test", g.hmp, g.read).sample(256, 0.2))
+    first_look = 2 * 256 // 16
+    # the kept clusters read once again, not twice
+    assert full.detail["calls"] - first_look == 2 * (res.detail["calls"] - first_look)
+    assert res.wall_s < full.wall_s - 0.05  # the interval's second half is not waited
+
+
+def test_a_rewriting_guest_is_looked_at_to_the_end():
+    g = Guest()
+    settled, asked = _settled_by_the_model(1e9 / 8)
+
+    async def go() -> Any:
+        sampler = PeekSampler("test", g.hmp, g.read, settled=settled)
+        task = asyncio.create_task(sampler.sample(512, 0.1))
+        await asyncio.sleep(0.005)
+        while not task.done():
+            g.write()
+            await asyncio.sleep(0.005)
+        return task.result()
+
+    res = asyncio.run(go())
+    assert len(asked) == 1 and asked[0].rewritten > 0
+    assert "settled_at_half_way" not in res.detail
+    assert res.sample.mid_rewritten == asked[0].rewritten
+    assert res.sample.rewritten >= asked[0].rewritten
+
+
+def test_a_slow_link_waits_for_the_last_look_even_without_rewrites():
+    """The same idle guest over 10 Mbit/s: its first pass is long enough that even
+    three rewritten pages of the kept ones would be more than the model's tie."""
+    g = Guest()
+    settled, asked = _settled_by_the_model(10e6 / 8)
+    res = asyncio.run(PeekSampler("test", g.hmp, g.read, settled=settled).sample(256, 0.1))
+    assert len(asked) == 1 and "settled_at_half_way" not in res.detail
+    assert res.sample.mid_rewritten == 0
+
+
 def _reply(rewritten: int = 300) -> dict[str, Any]:
     part = {"pages": 1000, "codecs": [
         {"codec": "zstd", "bytes-in": 4096000, "bytes-out": 1700000, "cpu-ns": 9000000},
@@ -315,3 +372,29 @@ def test_a_qemu_that_refuses_the_count_leaves_the_sample_without_it():
     # and one that answers puts it in the sample, beside the half-way look
     res = asyncio.run(PeekSampler("test", g.hmp, g.read, qmp=DirtyRateQmp(40)).sample(256, 0.02))
     assert res.sample.short_rate == 40 * (1 << 20) and res.sample.short_interval == 0.1
+
+
+def test_the_engine_ends_an_idle_guests_peek_sample_at_its_half_way_look():
+    """adapt hands the peek samplers the model's check, with the context it reads
+    while they wait: an idle 64 MiB guest at 50 MiB/s is decided at the half-way look;
+    the same guest at 1 MiB/s (a first pass of half a minute) is looked at to the end."""
+    g = Guest()
+    mtree = asyncio.run(g.hmp("info mtree -f"))
+
+    def qemu() -> Script:
+        q = _qemu(set(), ["none", "zstd"])
+        q.replies.update({
+            "human-monitor-command": mtree, "calc-dirty-rate": {},
+            "query-dirty-rate": {"status": "measured", "dirty-rate": 0, "calc-time": 100},
+            "query-memory-size-summary": {"base-memory": len(g.ram)}})
+        return q
+
+    a = asyncio.run(adapt(qemu(), _plan(), Hints(peek=g.read), EventStream()))
+    assert a.encoding is not None
+    assert a.encoding["sampler"]["name"] == "libvirt-peek"
+    assert a.encoding["sampler"].get("settled_at_half_way") is True
+    slow = Plan(uri="tcp:127.0.0.1:4444", settings=tuple(merge("livemig", {}).items()),
+                bandwidth=1 << 20).validate()
+    b = asyncio.run(adapt(qemu(), slow, Hints(peek=g.read), EventStream()))
+    assert b.encoding is not None
+    assert "settled_at_half_way" not in b.encoding["sampler"]

@@ -396,6 +396,27 @@ def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
                                            frozenset(codecs)), ctx)
 
 
+def rewrites_negligible(sample: Sample, ctx: Context) -> bool:
+    """Whether the guest rewrites so little that no later look can change the choice:
+    at the highest dirty rate the sample allows, what the guest rewrites during the
+    slowest first pass is at most ``BYTES_TIE`` of that pass. The re-sends are then
+    within the model's tie on bytes whatever their encoding, and the first pass
+    decides, which the sample already measured.
+
+    The highest rate: the sample's rewritten share with three more pages (with none
+    seen among ``kept``, 3/kept is the 95 % upper bound: the rule of three), and QEMU's
+    short-window count when there is one."""
+    if sample.kept < MIN_SAMPLES or sample.interval <= 0:
+        return False
+    nonzero = ctx.guest_ram * sample.nonzero_share
+    rate = nonzero * min(1.0, (sample.rewritten + 3) / sample.kept) / sample.interval
+    if sample.short_rate is not None:
+        rate = max(rate, sample.short_rate)
+    codecs = [Codec(1.0, PLAIN_SPEED), *sample.first.values()]
+    slowest = min(page_rate(c, ctx) for c in codecs)
+    return rate * nonzero / slowest <= BYTES_TIE * nonzero
+
+
 def dirty_curve(sample: Sample, nonzero: float) -> DirtyCurve:
     """The sample's rewritten-pages curve (:func:`livemig.policy.dirtying.fit`) over
     ``nonzero`` bytes: its looks, and QEMU's short-window estimate when it has one."""

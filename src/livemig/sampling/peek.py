@@ -1,6 +1,8 @@
 """A sampler for any QEMU: random clusters of guest pages read through a reader: once,
 again half an interval later (only counted), and a last time an interval later; the
-first look's codecs are measured meanwhile.
+first look's codecs are measured meanwhile. A caller's ``settled`` check may end the
+sample at the half-way look (the engine's: the guest rewrites too little for the last
+look to change the choice, :func:`livemig.policy.encoding.rewrites_negligible`).
 
 The reader is whatever can read guest-physical memory from outside: QMP ``pmemsave``
 into a private file (a QEMU on this host), HMP ``xp`` (anywhere, slowly) or libvirt's
@@ -40,6 +42,8 @@ PEEK_INTERVAL = 0.3
 PIPELINE = 8
 
 Read = Callable[[int, int], Awaitable[bytes]]  # (gpa, size) -> bytes
+# whether a sample (first and half-way looks) already decides the encoding
+Settled = Callable[[encoding.Sample], Awaitable[bool]]
 Hmp = Callable[[str], Awaitable[str]]
 Command = Callable[..., Awaitable[Any]]
 
@@ -64,8 +68,12 @@ def clusters(ranges: list[RamRange], count: int, cluster: int,
 class PeekSampler:
     def __init__(self, name: str, hmp: Hmp, read: Read, *, cluster: int = CLUSTER,
                  codecs: frozenset[str] = frozenset({"zstd", "lz4"}), seed: int = 1,
-                 max_pages: int = PEEK_PAGES, qmp: Command | None = None) -> None:
+                 max_pages: int = PEEK_PAGES, qmp: Command | None = None,
+                 settled: Settled | None = None) -> None:
         self.name = name
+        # asked after the half-way look: True ends the sample there (the caller's model
+        # says the last look cannot change its choice: the guest hardly rewrites)
+        self.settled = settled
         self.hmp = hmp
         self.qmp = qmp
         self.read = read
@@ -144,24 +152,51 @@ class PeekSampler:
         # a look half-way: with the last one, two points of the rewritten-pages curve
         await asyncio.sleep(interval / 2)
         mid_reads, mid_gap = await self._again(keep, first, span)
-        mid_changed = sum(1 for before, now in mid_reads for i, old in enumerate(before)
-                          if old != zero and now[i * PAGE:(i + 1) * PAGE] != old)
-        await asyncio.sleep(max(0.0, look1_end + interval - time.monotonic()))
-        reads, gap = await self._again(keep, first, span)
-        calls += len(mid_reads) + len(reads)
-        pairs = [(old, new) for before, after in reads for i, old in enumerate(before)
-                 if old != zero and (new := after[i * PAGE:(i + 1) * PAGE]) != old]
-        counted = await short.result() if short is not None else None
-        sample = await asyncio.to_thread(
-            encoding.sample_from_pages, pairs, pages_first, looked, gap if reads else interval,
-            self.codecs, nonzero, await codecs_first if codecs_first is not None else None)
-        sample = dataclasses.replace(
-            sample, mid_rewritten=mid_changed if mid_reads else None,
-            mid_interval=mid_gap if mid_reads else None,
-            short_rate=counted[0] if counted else None,
-            short_interval=counted[1] if counted else None)
+        calls += len(mid_reads)
+        first_codecs = await codecs_first if codecs_first is not None else None
+        counted = None
+        asked = settled = False
+        if self.settled is not None and mid_reads:
+            # the half-way look as a last look, with QEMU's count when it has it
+            counted = await short.result() if short is not None else None
+            asked = True
+            mid = await asyncio.to_thread(
+                encoding.sample_from_pages, _changed(mid_reads), pages_first, looked,
+                mid_gap, self.codecs, nonzero, first_codecs)
+            mid = _counted(mid, counted)
+            settled = await self.settled(mid)
+        if settled:
+            sample = mid
+        else:
+            await asyncio.sleep(max(0.0, look1_end + interval - time.monotonic()))
+            reads, gap = await self._again(keep, first, span)
+            calls += len(reads)
+            if not asked and short is not None:
+                counted = await short.result()
+            sample = await asyncio.to_thread(
+                encoding.sample_from_pages, _changed(reads), pages_first, looked,
+                gap if reads else interval, self.codecs, nonzero, first_codecs)
+            sample = _counted(dataclasses.replace(
+                sample, mid_rewritten=len(_changed(mid_reads)) if mid_reads else None,
+                mid_interval=mid_gap if mid_reads else None), counted)
         return SampleResult(sample, self.name, time.monotonic() - t0,
                             {"calls": calls, "cluster_pages": self.cluster,
                              "first_look_s": round(look1, 3),
+                             **({"settled_at_half_way": True} if settled else {}),
                              **({"short_rate": short.note} if short else {}),
                              "ram_ranges": [[hex(r.gpa), r.size, r.name] for r in ranges]})
+
+
+def _changed(reads: list[tuple[list[bytes], bytes]]) -> list[tuple[bytes, bytes]]:
+    """(before, after) of each non-zero page of the first look that a read found
+    changed."""
+    zero = bytes(PAGE)
+    return [(old, new) for before, after in reads for i, old in enumerate(before)
+            if old != zero and (new := after[i * PAGE:(i + 1) * PAGE]) != old]
+
+
+def _counted(sample: encoding.Sample,
+             counted: tuple[float, float] | None) -> encoding.Sample:
+    """``sample`` with QEMU's short-window count (rate, window) when there is one."""
+    return dataclasses.replace(sample, short_rate=counted[0] if counted else None,
+                               short_interval=counted[1] if counted else None)
