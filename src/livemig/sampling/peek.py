@@ -152,6 +152,7 @@ class PeekSampler:
         # a look half-way: with the last one, two points of the rewritten-pages curve
         await asyncio.sleep(interval / 2)
         mid_reads, mid_gap = await self._again(keep, first, span)
+        mid_pairs = _changed(mid_reads)
         calls += len(mid_reads)
         first_codecs = await codecs_first if codecs_first is not None else None
         counted = None
@@ -161,8 +162,8 @@ class PeekSampler:
             counted = await short.result() if short is not None else None
             asked = True
             mid = await asyncio.to_thread(
-                encoding.sample_from_pages, _changed(mid_reads), pages_first, looked,
-                mid_gap, self.codecs, nonzero, first_codecs)
+                encoding.sample_from_pages, mid_pairs, pages_first, looked, mid_gap,
+                self.codecs, nonzero, first_codecs)
             mid = _counted(mid, counted)
             settled = await self.settled(mid)
         if settled:
@@ -177,7 +178,7 @@ class PeekSampler:
                 encoding.sample_from_pages, _changed(reads), pages_first, looked,
                 gap if reads else interval, self.codecs, nonzero, first_codecs)
             sample = _counted(dataclasses.replace(
-                sample, mid_rewritten=len(_changed(mid_reads)) if mid_reads else None,
+                sample, mid_rewritten=len(mid_pairs) if mid_reads else None,
                 mid_interval=mid_gap if mid_reads else None), counted)
         return SampleResult(sample, self.name, time.monotonic() - t0,
                             {"calls": calls, "cluster_pages": self.cluster,
