@@ -142,8 +142,9 @@ def test_a_rewriting_guest_is_not_decided_at_the_half_way_look(family: str) -> N
 def test_a_guest_that_stopped_writing_is_decided_by_its_first_pass(family: str) -> None:
     """The same recorded pages with nothing rewritten and QEMU counting 1 MiB/s: at
     1 Gbit/s the half-way look settles it, and it chooses what the whole sample of such
-    a guest would (the first pass's codec); at 10 Mbit/s the first pass is long enough
-    for three rewritten pages of the kept ones to matter, so it waits."""
+    a guest would (the first pass's codec); at 10 Mbit/s three rewritten pages of the
+    kept ones (the bound when none were seen) would be more than 5 % of what the link
+    sends, so it waits."""
     for s in _recorded(family):
         idle = dataclasses.replace(s, rewritten=0, mid_rewritten=0, short_rate=float(MIB),
                                    short_interval=0.1)

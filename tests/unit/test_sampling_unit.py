@@ -157,8 +157,8 @@ def test_a_rewriting_guest_is_looked_at_to_the_end():
 
 
 def test_a_slow_link_waits_for_the_last_look_even_without_rewrites():
-    """The same idle guest over 10 Mbit/s: its first pass is long enough that even
-    three rewritten pages of the kept ones would be more than the model's tie."""
+    """The same idle guest over 10 Mbit/s: three rewritten pages of the kept ones (the
+    bound when none were seen) would be more than 5 % of what the link sends."""
     g = Guest()
     settled, asked = _settled_by_the_model(10e6 / 8)
     res = asyncio.run(PeekSampler("test", g.hmp, g.read, settled=settled).sample(256, 0.1))

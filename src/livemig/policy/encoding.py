@@ -398,10 +398,14 @@ def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
 
 def rewrites_negligible(sample: Sample, ctx: Context) -> bool:
     """Whether the guest rewrites so little that no later look can change the choice:
-    at the highest dirty rate the sample allows, what the guest rewrites during the
-    slowest first pass is at most ``BYTES_TIE`` of that pass. The re-sends are then
-    within the model's tie on bytes whatever their encoding, and the first pass
-    decides, which the sample already measured.
+    the highest dirty rate the sample allows is at most ``BYTES_TIE`` of the slowest
+    rate at which any encoding sends pages (plain pages on the link or the CPUs).
+
+    Then each re-send round takes at most ``BYTES_TIE`` of the round before it with any
+    encoding, so all of them add at most ~5 % to the first pass's time and bytes, and
+    no throttle is needed (``q`` ≤ ``BYTES_TIE`` < ``MAX_Q``): an encoding that
+    re-sends better gains less than the model's ``TIE``, and the first pass decides,
+    which the sample has measured.
 
     The highest rate: the sample's rewritten share with three more pages (with none
     seen among ``kept``, 3/kept is the 95 % upper bound: the rule of three), and QEMU's
@@ -412,9 +416,7 @@ def rewrites_negligible(sample: Sample, ctx: Context) -> bool:
     rate = nonzero * min(1.0, (sample.rewritten + 3) / sample.kept) / sample.interval
     if sample.short_rate is not None:
         rate = max(rate, sample.short_rate)
-    codecs = [Codec(1.0, PLAIN_SPEED), *sample.first.values()]
-    slowest = min(page_rate(c, ctx) for c in codecs)
-    return rate * nonzero / slowest <= BYTES_TIE * nonzero
+    return rate <= BYTES_TIE * page_rate(Codec(1.0, PLAIN_SPEED), ctx)
 
 
 def dirty_curve(sample: Sample, nonzero: float) -> DirtyCurve:
