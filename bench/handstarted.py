@@ -80,6 +80,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -719,6 +720,10 @@ def runs_in(runs_dir: Path) -> Iterator[dict[str, Any]]:
         yield run
 
 
+def _terminated(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -768,6 +773,9 @@ def main() -> int:
         return 2
     runs_dir = a.out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
+    # a kill (timeout, pkill) unwinds like Ctrl-C: each run's QEMUs are stopped by its
+    # `finally`, not left running beside the next benchmark
+    signal.signal(signal.SIGTERM, _terminated)
     if not a.summarize:
         for repeat in range(1, a.repeats + 1):
             for family in families:
