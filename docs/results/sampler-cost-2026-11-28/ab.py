@@ -4,7 +4,7 @@ import runpy
 import sys
 
 sys.path.insert(0, "src")
-import livemig.sampling.peek as peek  # noqa: E402
+import livemig.sampling.peek as peek
 
 peek.PIPELINE = int(sys.argv.pop(1))
 sys.argv[0] = "bench/sampler_cost.py"
