@@ -80,18 +80,21 @@ class Guest:
                 f"  0000000000100000-{end:016x} (prio 0, ram): pc.ram\n")
 
 
-def test_peek_sampler_sees_the_rewrites_and_the_model_picks_deltas():
-    g = Guest()
-
+def _while_writing(g: Guest, sampler: PeekSampler, interval: float, every: float) -> Any:
+    """``sampler``'s sample of 512 pages while ``g``'s writer runs every ``every`` s."""
     async def go() -> Any:
-        task = asyncio.create_task(PeekSampler("test", g.hmp, g.read).sample(512, 0.05))
-        await asyncio.sleep(0.01)
+        task = asyncio.create_task(sampler.sample(512, interval))
+        await asyncio.sleep(every)
         while not task.done():
             g.write()
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(every)
         return task.result()
+    return asyncio.run(go())
 
-    res = asyncio.run(go())
+
+def test_peek_sampler_sees_the_rewrites_and_the_model_picks_deltas():
+    g = Guest()
+    res = _while_writing(g, PeekSampler("test", g.hmp, g.read), 0.05, 0.01)
     s = res.sample
     assert s.looked >= 1024 and 0.35 < s.nonzero_share < 0.65
     assert 0.15 < s.rewritten / s.kept < 0.45
@@ -139,17 +142,7 @@ def test_a_guest_that_does_not_write_is_decided_at_the_half_way_look():
 def test_a_rewriting_guest_is_looked_at_to_the_end():
     g = Guest()
     settled, asked = _settled_by_the_model(1e9 / 8)
-
-    async def go() -> Any:
-        sampler = PeekSampler("test", g.hmp, g.read, settled=settled)
-        task = asyncio.create_task(sampler.sample(512, 0.1))
-        await asyncio.sleep(0.005)
-        while not task.done():
-            g.write()
-            await asyncio.sleep(0.005)
-        return task.result()
-
-    res = asyncio.run(go())
+    res = _while_writing(g, PeekSampler("test", g.hmp, g.read, settled=settled), 0.1, 0.005)
     assert len(asked) == 1 and asked[0].rewritten > 0
     assert "settled_at_half_way" not in res.detail
     assert res.sample.mid_rewritten == asked[0].rewritten

@@ -41,6 +41,7 @@ PEEK_INTERVAL = 0.3
 # the other's wake-up on a busy host.
 PIPELINE = 8
 
+ZERO = bytes(PAGE)
 Read = Callable[[int, int], Awaitable[bytes]]  # (gpa, size) -> bytes
 # whether a sample (first and half-way looks) already decides the encoding
 Settled = Callable[[encoding.Sample], Awaitable[bool]]
@@ -117,7 +118,6 @@ class PeekSampler:
         rng = random.Random(self.seed)
         span = self.cluster * PAGE
         starts = clusters(ranges, max(1, 2 * pages // self.cluster), self.cluster, rng)
-        zero = bytes(PAGE)
         first: dict[int, tuple[float, list[bytes]]] = {}
         looked = nonzero = 0
         calls = 0
@@ -125,7 +125,7 @@ class PeekSampler:
             calls += 1
             split = [data[i:i + PAGE] for i in range(0, len(data), PAGE)]
             looked += len(split)
-            nz = sum(1 for p in split if p != zero)
+            nz = sum(1 for p in split if p != ZERO)
             nonzero += nz
             if nz:
                 first[gpa] = (t, split)
@@ -137,9 +137,9 @@ class PeekSampler:
             if n >= pages:
                 break
             keep.append(gpa)
-            n += sum(1 for p in first[gpa][1] if p != zero)
+            n += sum(1 for p in first[gpa][1] if p != ZERO)
         # the first look's codecs are measured while the guest runs on to the next looks
-        pages_first = [p for gpa in sorted(keep) for p in first[gpa][1] if p != zero]
+        pages_first = [p for gpa in sorted(keep) for p in first[gpa][1] if p != ZERO]
         codecs_first = asyncio.ensure_future(asyncio.to_thread(
             encoding.measure_codecs, pages_first, self.codecs)) if pages_first else None
         short = None
@@ -155,31 +155,27 @@ class PeekSampler:
         mid_pairs = _changed(mid_reads)
         calls += len(mid_reads)
         first_codecs = await codecs_first if codecs_first is not None else None
-        counted = None
-        asked = settled = False
-        if self.settled is not None and mid_reads:
-            # the half-way look as a last look, with QEMU's count when it has it
-            counted = await short.result() if short is not None else None
-            asked = True
-            mid = await asyncio.to_thread(
-                encoding.sample_from_pages, mid_pairs, pages_first, looked, mid_gap,
-                self.codecs, nonzero, first_codecs)
-            mid = _counted(mid, counted)
-            settled = await self.settled(mid)
-        if settled:
-            sample = mid
-        else:
+        # QEMU's window (WINDOW_MS) is over by now
+        counted = await short.result() if short is not None else None
+
+        async def model(pairs: list[tuple[bytes, bytes]], gap: float) -> encoding.Sample:
+            s = await asyncio.to_thread(encoding.sample_from_pages, pairs, pages_first,
+                                        looked, gap, self.codecs, nonzero, first_codecs)
+            return dataclasses.replace(s, short_rate=counted[0] if counted else None,
+                                       short_interval=counted[1] if counted else None)
+
+        settled = False
+        if self.settled is not None and mid_reads:  # the half-way look as the last
+            sample = await model(mid_pairs, mid_gap)
+            settled = await self.settled(sample)
+        if not settled:
             await asyncio.sleep(max(0.0, look1_end + interval - time.monotonic()))
             reads, gap = await self._again(keep, first, span)
             calls += len(reads)
-            if not asked and short is not None:
-                counted = await short.result()
-            sample = await asyncio.to_thread(
-                encoding.sample_from_pages, _changed(reads), pages_first, looked,
-                gap if reads else interval, self.codecs, nonzero, first_codecs)
-            sample = _counted(dataclasses.replace(
-                sample, mid_rewritten=len(mid_pairs) if mid_reads else None,
-                mid_interval=mid_gap if mid_reads else None), counted)
+            sample = dataclasses.replace(
+                await model(_changed(reads), gap if reads else interval),
+                mid_rewritten=len(mid_pairs) if mid_reads else None,
+                mid_interval=mid_gap if mid_reads else None)
         return SampleResult(sample, self.name, time.monotonic() - t0,
                             {"calls": calls, "cluster_pages": self.cluster,
                              "first_look_s": round(look1, 3),
@@ -191,13 +187,5 @@ class PeekSampler:
 def _changed(reads: list[tuple[list[bytes], bytes]]) -> list[tuple[bytes, bytes]]:
     """(before, after) of each non-zero page of the first look that a read found
     changed."""
-    zero = bytes(PAGE)
     return [(old, new) for before, after in reads for i, old in enumerate(before)
-            if old != zero and (new := after[i * PAGE:(i + 1) * PAGE]) != old]
-
-
-def _counted(sample: encoding.Sample,
-             counted: tuple[float, float] | None) -> encoding.Sample:
-    """``sample`` with QEMU's short-window count (rate, window) when there is one."""
-    return dataclasses.replace(sample, short_rate=counted[0] if counted else None,
-                               short_interval=counted[1] if counted else None)
+            if old != ZERO and (new := after[i * PAGE:(i + 1) * PAGE]) != old]
