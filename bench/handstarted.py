@@ -388,7 +388,11 @@ def essentials(report: dict[str, Any]) -> dict[str, Any]:
         "ram_check": (report.get("consistency") or {}).get("ram"),
         "cpu_seconds": report.get("cpu_seconds"),
         "encoding": report.get("encoding"),
-        "encoding_short": (f"{enc.get('encoding')} ({sampler.get('name', '?')})"
+        "encoding_short": (f"{enc.get('encoding')} ({sampler.get('name', '?')}"
+                           + (f", switched from {enc['started_with']} at "
+                              f"{enc.get('after_s')} s" if enc.get("switched") else
+                              f", kept {enc['started_with']}" if enc.get("started_with")
+                              else "") + ")"
                            if enc.get("encoding") else
                            "as set" if enc else "-"),
         "max_throttle_pct": max((s.get("throttle_pct") or 0

@@ -26,6 +26,7 @@ representative=(
     /x86_64/migration/ram-sample
     /x86_64/migration/switchover-drain/tcg-tlb
     /x86_64/migration/switchover-drain/tcg-tlb-ram-blocks
+    /x86_64/migration/multifd/tcp/plain/compression-switch
 )
 usage() {
     echo "usage: qemu/run-qtests.sh [--full] [--slow] [--representative] [-p TESTPATH]..."

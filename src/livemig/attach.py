@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from livemig import dststart, paths
-from livemig.engine.adapt import Hints, adapt
+from livemig.engine.adapt import SWITCH_CAP, Hints, adapt
 from livemig.engine.endpoint import (
     Endpoint,
     process_argv,
@@ -142,12 +142,15 @@ async def run_attach(src_qmp: Path, dst_qmp: Path | None, plan: Plan, events: Ev
         accel = await _accel(src)
         plan = dataclasses.replace(plan, accel=accel).validate()
         await check_ends(src, dst, plan)
-        adapted = await adapt(src, plan, Hints(scratch=gdir.parent), events)
+        dst_caps = {c["capability"] for c in await dst.cmd("query-migrate-capabilities")}
+        adapted = await adapt(src, plan, Hints(scratch=gdir.parent,
+                                               dst_switch=SWITCH_CAP in dst_caps), events)
         plan = adapted.plan
         events.say(f"attached: source {src_qmp} (pid {src.pid}), destination "
                    f"{dst.socket_path} (pid {dst.pid}), {accel}; migrating to {plan.uri}")
         engine = Engine(src, dst, plan, events=events, interrupt=interrupt, run_id=run_id,
-                        guardian_dir=gdir, encoding=adapted.encoding)
+                        guardian_dir=gdir, encoding=adapted.encoding,
+                        deferred=adapted.deferred)
         rec = await engine.run()
         if not rec.completed and started is None:
             await _close_listener(dst, events)

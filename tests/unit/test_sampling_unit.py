@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from livemig.engine.adapt import Hints, adapt, multifd_codecs
+from livemig.engine.adapt import SWITCH_CAP, Hints, adapt, multifd_codecs
 from livemig.engine.events import EventStream
 from livemig.engine.plan import Plan
+from livemig.engine.run import Engine
+from livemig.engine.switch import changes, switch
 from livemig.errors import VMError
 from livemig.policy import encoding
 from livemig.sampling.dirtyrate import ShortRate
@@ -306,6 +308,104 @@ def test_the_context_is_read_while_the_sample_waits_and_a_failed_sample_says_so(
         return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
 
     assert not asyncio.run(failing())
+
+
+def _switching_qemu(sample: Any = None) -> Script:
+    q = _qemu({"x-calc-ram-sample", "set-cpu-throttle"}, ["none", "zstd", "lz4"],
+              sample or _reply(), _SWITCH_PARAMS)
+    q.replies["query-migrate-capabilities"] = [
+        {"capability": "multifd", "state": False}, {"capability": SWITCH_CAP, "state": False}]
+    q.replies["migrate-set-parameters"] = {}
+    return q
+
+
+_SWITCH_PARAMS = {"downtime-limit": 300, encoding.DELTA_KEY: 0, "multifd-compression": "none",
+                  "multifd-zstd-level": 1}
+_SWITCH_CAPS = {"multifd": False, SWITCH_CAP: False}
+
+
+def test_ends_that_switch_codecs_start_at_once_and_choose_beside_the_first_pass():
+    """With x-multifd-compression-switch on both ends (patch 0012) the second plan
+    starts the stream with lz4 and no sample is taken before the migration; the
+    deferred choice samples and switches: here lz4-delta, so only the delta cache is
+    set (lz4 stays)."""
+    q = _switching_qemu()
+    events = EventStream()
+    a = asyncio.run(adapt(q, _plan(), Hints(host_available=8 << 30, dst_switch=True),
+                          events))
+    assert a.deferred is not None and a.encoding is not None and a.encoding["deferred"]
+    assert not [c for c in q.log if c[0] == "x-calc-ram-sample"]  # nothing sampled yet
+    assert a.plan.wanted["multifd-compression"] == "lz4"
+    assert a.plan.wanted[SWITCH_CAP] == "on" and encoding.DELTA_KEY not in a.plan.wanted
+    rec = asyncio.run(switch(q, a.deferred, a.encoding["applied"], _SWITCH_CAPS,
+                             _SWITCH_PARAMS, events))
+    assert rec["encoding"] == "lz4-delta" and rec["switched"] and rec["started_with"] == "lz4"
+    sets = [args for c, args in q.log if c == "migrate-set-parameters"]
+    assert sets == [{encoding.DELTA_KEY: 1 << 30}]  # a cache for all 1 GiB of RAM
+    assert [e["event"] for e in events.log] == ["encoding deferred", "encoding chosen",
+                                                "encoding switched"]
+
+
+def test_a_destination_that_cannot_switch_gets_the_choice_before_the_migration():
+    q = _switching_qemu()
+    for dst_switch in (False, None):
+        a = asyncio.run(adapt(q, _plan(), Hints(host_available=8 << 30,
+                                                 dst_switch=dst_switch), EventStream()))
+        assert a.deferred is None and a.encoding is not None
+        assert a.encoding["encoding"] == "lz4-delta" and SWITCH_CAP not in a.plan.wanted
+    assert [c for c in q.log if c[0] == "x-calc-ram-sample"]
+    # a codec given explicitly is not chosen at all, before or during the migration
+    a = asyncio.run(adapt(q, _plan({"multifd-compression": "zstd"}),
+                          Hints(dst_switch=True), EventStream()))
+    assert a.deferred is None and SWITCH_CAP not in a.plan.wanted
+
+
+def test_only_the_codec_settings_change_mid_stream():
+    start = encoding.ENCODINGS["lz4"]
+    assert changes(start, encoding.ENCODINGS["zstd"]) == (
+        {"multifd-compression": "zstd", "multifd-zstd-level": "1"}, [])
+    assert changes(start, start) == ({}, [])
+    assert changes(start, encoding.ENCODINGS["xbzrle"])[1] == [
+        "multifd", "xbzrle", "xbzrle-cache-size"]
+
+
+def test_a_refused_or_impossible_switch_keeps_the_start_and_says_why():
+    q = _switching_qemu()
+    q.replies["migrate-set-parameters"] = VMError("src: migrate-set-parameters: no")
+
+    async def chosen(name: str) -> tuple[dict[str, Any], dict[str, str]]:
+        return {"encoding": name}, encoding.ENCODINGS[name]
+
+    start = encoding.ENCODINGS["lz4"]
+    rec = asyncio.run(switch(q, lambda: chosen("zstd"), start, _SWITCH_CAPS, _SWITCH_PARAMS,
+                             EventStream()))
+    assert rec["switched"] is False and "QEMU refused" in rec["kept_because"]
+    rec = asyncio.run(switch(q, lambda: chosen("xbzrle"), start, _SWITCH_CAPS,
+                             _SWITCH_PARAMS, EventStream()))
+    assert rec["switched"] is False and "cannot change" in rec["kept_because"]
+    assert len([c for c in q.log if c[0] == "migrate-set-parameters"]) == 1
+
+
+def test_a_sample_still_running_when_the_migration_ends_is_stopped_and_reported():
+    q = _switching_qemu()
+    engine = Engine(q, q, _plan(), encoding={"encoding": "lz4", "deferred": True})  # type: ignore[arg-type]
+
+    async def ended() -> tuple[dict[str, Any], bool]:
+        never = asyncio.Event()
+
+        async def sample() -> dict[str, Any]:
+            await never.wait()
+            return {}
+
+        engine._switch = asyncio.ensure_future(sample())
+        await asyncio.sleep(0)
+        task = engine._switch
+        await engine._switch_done()
+        return engine.encoding or {}, task.cancelled()
+
+    enc, cancelled = asyncio.run(ended())
+    assert cancelled and enc["switched"] is False
+    assert enc["kept_because"] == "the migration ended before the sample"
 
 
 def test_explicit_stream_settings_are_not_overridden():

@@ -7,6 +7,11 @@ edited) plus what it decided and why, for the report:
 - ``encoding=auto``: a sample of the guest's pages through the best sampler the source
   offers (:func:`sampler_for`), weighed by :mod:`livemig.policy.encoding` against the
   link, the CPUs left beside the vCPUs and the codecs this QEMU's multifd has;
+- with ``x-multifd-compression-switch`` on both ends (the patched build: qemu/patches/
+  0012) the sample does not hold the migration back: the second plan starts with
+  :data:`START_ENCODING` and the capability, and :attr:`Adapted.deferred` takes the
+  sample and makes the choice while the first pass runs (the engine switches the
+  stream to it: :mod:`livemig.engine.switch`);
 - the throttle: the profile's own throttles (``converge``, ``reference``, ...) need the
   patched QEMU's ``set-cpu-throttle``; on a QEMU without it the profile falls back to
   what the stock profiles use (QEMU's auto-converge, stock increments), so livemig
@@ -22,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +52,11 @@ POLICY_THROTTLES = ("reference", "direct", "staged", "converge")
 STOCK_THROTTLE = "auto-converge"
 # multifd-compression values the model knows, by QEMU's name
 _CODEC_NAMES = {"zstd": "zstd", "lz4": "lz4", "none": "plain"}
+# the capability that lets a running migration change its multifd codec (patched QEMU)
+SWITCH_CAP = "x-multifd-compression-switch"
+# what the stream starts with while the sample runs: lz4 is the patched build's fastest
+# codec (it never makes the channels the bottleneck) and leaves delta encoding open
+START_ENCODING = "lz4"
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,13 @@ class Hints:
     peek: Read | None = None  # a reader of guest-physical memory (libvirt's memory peek)
     tls: bool | None = None  # the stream is encrypted (None: as the plan says)
     given: Sampler | None = None  # a sample taken before (livemig evacuate's): sampler=auto
+    # the destination's QEMU can load a stream whose codec changes (SWITCH_CAP): the
+    # caller read it; None or False: the choice is made before the migration starts
+    dst_switch: bool | None = None
+
+
+# takes the sample and chooses: the report's `encoding` and the settings to switch to
+Deferred = Callable[[], Awaitable[tuple[dict[str, Any], dict[str, str]]]]
 
 
 @dataclass(frozen=True)
@@ -67,6 +85,8 @@ class Adapted:
     plan: Plan  # the second plan
     encoding: dict[str, Any] | None  # the report's `encoding`
     notes: tuple[dict[str, Any], ...] = ()  # what else was adapted, and why
+    # the choice made while the migration runs (SWITCH_CAP on both ends); None: made
+    deferred: Deferred | None = None
 
 
 async def adapt(src: QmpEnd, plan: Plan, hints: Hints, events: EventStream) -> Adapted:
@@ -88,13 +108,42 @@ async def adapt(src: QmpEnd, plan: Plan, hints: Hints, events: EventStream) -> A
             notes.append({"setting": "downtime-ramp", "from": "on", "to": "off",
                           "why": "it plans with the converge throttle, which this QEMU "
                                  "lacks: stock's fixed downtime limit instead"})
-    enc, settings = await _encoding(src, plan, hints, commands, events,
-                                    extra.get("throttle", throttle) == STOCK_THROTTLE)
-    extra.update(settings)
+    auto_converge = extra.get("throttle", throttle) == STOCK_THROTTLE
+    deferred: Deferred | None = None
+    if await _can_defer(src, plan, hints, commands):
+        async def choose() -> tuple[dict[str, Any], dict[str, str]]:
+            rec, applied = await _encoding(src, plan, hints, commands, events, auto_converge)
+            return rec or {}, applied
+        deferred = choose
+        start = {k: v for k, v in encoding.ENCODINGS[START_ENCODING].items()
+                 if k not in plan.explicit}
+        first: dict[str, Any] = {
+            "encoding": START_ENCODING, "deferred": True, "started_with": START_ENCODING,
+            "reason": f"the sample runs beside the first pass ({SWITCH_CAP} on both "
+                      f"ends): {START_ENCODING} until the choice", "applied": start}
+        extra.update(start)
+        extra[SWITCH_CAP] = "on"
+        events.event("encoding deferred", **first)
+        enc: dict[str, Any] | None = first
+    else:
+        enc, settings = await _encoding(src, plan, hints, commands, events, auto_converge)
+        extra.update(settings)
     for n in notes:
         events.event("adapted", **n)
     second = dataclasses.replace(plan, settings=tuple({**plan.wanted, **extra}.items()))
-    return Adapted(second.validate(), enc, tuple(notes))
+    return Adapted(second.validate(), enc, tuple(notes), deferred)
+
+
+async def _can_defer(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str]) -> bool:
+    """The choice can wait for the migration to run: ``encoding=auto`` with nothing of
+    the encoding given, QEMU's own sampler, and both ends able to switch codecs."""
+    if not hints.dst_switch or plan.livemig_setting("encoding") != "auto" \
+            or plan.explicit & (encoding.KEYS | {SWITCH_CAP}) \
+            or plan.livemig_setting("sampler") not in ("auto", "qemu") \
+            or hints.given is not None or QEMU_SAMPLE not in commands:
+        return False
+    caps = {c["capability"] for c in await src.cmd("query-migrate-capabilities")}
+    return SWITCH_CAP in caps
 
 
 async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],

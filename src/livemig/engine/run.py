@@ -30,6 +30,7 @@ from typing import Any
 
 from livemig.engine import guardian, pinning
 from livemig.engine.actuator import DiskTargets
+from livemig.engine.adapt import Deferred
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
 from livemig.engine.executor import PolicyConfig, PolicyExecutor
@@ -41,6 +42,7 @@ from livemig.engine.qmpactuator import QmpActuator, check_throttle
 from livemig.engine.record import MigrationRecord
 from livemig.engine.sockstat import link_state, tcp_port
 from livemig.engine.stall import SwitchoverWatch
+from livemig.engine.switch import switch
 from livemig.engine.verify import RamVerdict, skipped, verify_ram
 from livemig.errors import LivemigError, UsageError, VMError
 from livemig.settings import ram_check_budget_s
@@ -136,9 +138,12 @@ class Engine:
                  events: EventStream | None = None, hooks: Hooks | None = None,
                  interrupt: asyncio.Event | None = None, run_id: str | None = None,
                  guardian_dir: Path | None = None,
-                 encoding: dict[str, Any] | None = None) -> None:
+                 encoding: dict[str, Any] | None = None,
+                 deferred: Deferred | None = None) -> None:
         self.src, self.dst, self.plan = src, dst, plan
         self.encoding = encoding  # what the second plan's encoding came from (adapt)
+        self.deferred = deferred  # the choice made beside the first pass (adapt)
+        self._switch: asyncio.Task[dict[str, Any]] | None = None
         self.events = events or EventStream()
         self.hooks = hooks or Hooks()
         self.interrupt = interrupt or asyncio.Event()
@@ -211,6 +216,7 @@ class Engine:
         if not disk_first:
             await self._start_ram()
         end = await mon.run()
+        await self._switch_done()  # a sample still running is moot now
         if self.s.t_ram is None:  # stopped while the disk copied first: no migrate issued
             raise Interrupted(end.cancelled_for or "cancelled")
         self.s.final = end.info
@@ -231,6 +237,29 @@ class Engine:
         self.s.t_ram = time.time()
         await self.src.cmd("migrate", uri=self.plan.uri)
         self.events.say("migration started")
+        if self.deferred is not None and self.neg is not None:
+            start = (self.encoding or {}).get("applied", {})
+            orig = self.neg.original_src
+            self._switch = asyncio.ensure_future(switch(
+                self.src, self.deferred, start, orig.capabilities, orig.parameters,
+                self.events))
+
+    async def _switch_done(self) -> None:
+        """The encoding switch's outcome into the report; a sample still running when
+        the migration ended is stopped (the stream kept its start encoding)."""
+        task, self._switch = self._switch, None
+        if task is None:
+            return
+        ended = not task.done()
+        task.cancel()
+        await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is None:
+            self.encoding = task.result()
+            return
+        why = ("the migration ended before the sample" if ended or task.cancelled()
+               else f"the sample failed: {task.exception()}")
+        self.encoding = {**(self.encoding or {}), "switched": False, "kept_because": why}
+        self.events.event("encoding not switched", reason=why)
 
     async def _postcopy_resume(self) -> bool:
         """Post-copy began: the destination (started with ``-S``, as every
@@ -478,6 +507,7 @@ class Engine:
 
     async def _finish(self) -> None:
         """Put back every setting changed on either end; dismiss the guardian."""
+        await self._switch_done()
         if self.neg is not None:
             for name, end, orig in (("source", self.src, self.neg.original_src),
                                     ("destination", self.dst, self.neg.original_dst)):

@@ -1,0 +1,70 @@
+"""The stream's codec, chosen while the migration runs.
+
+With ``x-multifd-compression-switch`` on both ends (qemu/patches/0012) the migration
+starts with :data:`~livemig.engine.adapt.START_ENCODING` and the page sample runs beside
+the first pass (:attr:`~livemig.engine.adapt.Adapted.deferred`); :func:`switch` then
+sets the chosen codec on the source, whose channels take it at their next packet. QEMU
+refuses what would break lz4's delta cache (leaving delta encoding, resizing it), which
+this never asks: the start has no delta encoding.
+
+Only the multifd codec settings change mid-stream (:data:`SWITCHED`); a choice that
+needs anything else (xbzrle, another channel count) is not applied and the report says
+so: the stream keeps the start encoding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from livemig.engine.adapt import START_ENCODING, Deferred
+from livemig.engine.endpoint import QmpEnd
+from livemig.engine.events import EventStream
+from livemig.errors import LivemigError
+from livemig.policy.encoding import DELTA_KEY
+from livemig.settings import resolve
+
+SWITCHED = frozenset({"multifd-compression", "multifd-zstd-level", DELTA_KEY})
+
+
+def changes(start: Mapping[str, str], chosen: Mapping[str, str]
+            ) -> tuple[dict[str, str], list[str]]:
+    """What to set to go from ``start`` to ``chosen``, and the settings that differ but
+    cannot change while the migration runs."""
+    change = {k: v for k, v in chosen.items() if start.get(k) != v}
+    fixed = sorted(k for k in change if k not in SWITCHED)
+    return ({k: v for k, v in change.items() if k in SWITCHED}, fixed)
+
+
+async def switch(src: QmpEnd, deferred: Deferred, start: Mapping[str, str],
+                 caps: Mapping[str, bool], params: Mapping[str, Any],
+                 events: EventStream) -> dict[str, Any]:
+    """Take the sample, choose, and switch the running stream to the choice; returns
+    the report's ``encoding`` (the choice, plus ``switched``, ``after_s`` and, when not
+    switched, ``kept_because``)."""
+    t0 = time.monotonic()
+    rec, chosen = await deferred()
+    rec = {**rec, "started_with": START_ENCODING}
+    change, fixed = changes(start, chosen)
+    why = None
+    if fixed:
+        why = f"{', '.join(fixed)} cannot change while the migration runs"
+    elif change:
+        try:
+            await src.cmd("migrate-set-parameters",
+                          **resolve(change, caps, params).parameters)
+        except LivemigError as e:
+            why = f"QEMU refused the switch: {e}"
+    rec["after_s"] = round(time.monotonic() - t0, 3)
+    if why is not None:
+        rec.update(switched=False, kept_because=why)
+        events.event("encoding not switched", encoding=rec["encoding"], reason=why)
+        events.say(f"stream encoding stays {START_ENCODING}: {why}")
+        return rec
+    rec["switched"] = bool(change)
+    events.event("encoding switched" if change else "encoding kept",
+                 encoding=rec["encoding"], settings=change, after_s=rec["after_s"])
+    events.say(f"stream encoding {rec['encoding']} from here on"
+               if change else f"stream encoding stays {START_ENCODING}")
+    return rec
