@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from livemig.engine.adapt import SWITCH_CAP, Hints, adapt, multifd_codecs
+from livemig.engine.adapt import START_EXTRA, SWITCH_CAP, Hints, adapt, multifd_codecs
 from livemig.engine.events import EventStream
 from livemig.engine.plan import Plan
 from livemig.engine.run import Engine
@@ -336,7 +336,7 @@ def test_ends_that_switch_codecs_start_at_once_and_choose_beside_the_first_pass(
     assert a.deferred is not None and a.encoding is not None and a.encoding["deferred"]
     assert not [c for c in q.log if c[0] == "x-calc-ram-sample"]  # nothing sampled yet
     assert a.plan.wanted["multifd-compression"] == "lz4"
-    assert a.plan.wanted[SWITCH_CAP] == "on" and encoding.DELTA_KEY not in a.plan.wanted
+    assert a.plan.wanted[SWITCH_CAP] == "on" and a.plan.wanted[encoding.DELTA_KEY] == "0"
     rec = asyncio.run(switch(q, a.deferred, a.encoding["applied"], _SWITCH_CAPS,
                              _SWITCH_PARAMS, events))
     assert rec["encoding"] == "lz4-delta" and rec["switched"] and rec["started_with"] == "lz4"
@@ -361,9 +361,9 @@ def test_a_destination_that_cannot_switch_gets_the_choice_before_the_migration()
 
 
 def test_only_the_codec_settings_change_mid_stream():
-    start = encoding.ENCODINGS["lz4"]
-    assert changes(start, encoding.ENCODINGS["zstd"]) == (
-        {"multifd-compression": "zstd", "multifd-zstd-level": "1"}, [])
+    start = {**encoding.ENCODINGS["lz4"], **START_EXTRA}
+    assert changes(start, encoding.ENCODINGS["zstd"]) == ({"multifd-compression": "zstd"}, [])
+    assert changes(start, encoding.ENCODINGS["lz4-delta"]) == ({encoding.DELTA_KEY: "256M"}, [])
     assert changes(start, start) == ({}, [])
     assert changes(start, encoding.ENCODINGS["xbzrle"])[1] == [
         "multifd", "xbzrle", "xbzrle-cache-size"]
@@ -373,14 +373,14 @@ def test_a_refused_or_impossible_switch_keeps_the_start_and_says_why():
     q = _switching_qemu()
     q.replies["migrate-set-parameters"] = VMError("src: migrate-set-parameters: no")
 
-    async def chosen(name: str) -> tuple[dict[str, Any], dict[str, str]]:
+    async def chosen(name: str, _ev: EventStream) -> tuple[dict[str, Any], dict[str, str]]:
         return {"encoding": name}, encoding.ENCODINGS[name]
 
-    start = encoding.ENCODINGS["lz4"]
-    rec = asyncio.run(switch(q, lambda: chosen("zstd"), start, _SWITCH_CAPS, _SWITCH_PARAMS,
+    start = {**encoding.ENCODINGS["lz4"], **START_EXTRA}
+    rec = asyncio.run(switch(q, lambda ev: chosen("zstd", ev), start, _SWITCH_CAPS, _SWITCH_PARAMS,
                              EventStream()))
     assert rec["switched"] is False and "QEMU refused" in rec["kept_because"]
-    rec = asyncio.run(switch(q, lambda: chosen("xbzrle"), start, _SWITCH_CAPS,
+    rec = asyncio.run(switch(q, lambda ev: chosen("xbzrle", ev), start, _SWITCH_CAPS,
                              _SWITCH_PARAMS, EventStream()))
     assert rec["switched"] is False and "cannot change" in rec["kept_because"]
     assert len([c for c in q.log if c[0] == "migrate-set-parameters"]) == 1

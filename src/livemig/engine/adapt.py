@@ -57,6 +57,8 @@ SWITCH_CAP = "x-multifd-compression-switch"
 # what the stream starts with while the sample runs: lz4 is the patched build's fastest
 # codec (it never makes the channels the bottleneck) and leaves delta encoding open
 START_ENCODING = "lz4"
+# what a switch may change, set at the start too: the run puts back what it set
+START_EXTRA = {encoding.DELTA_KEY: "0", "multifd-zstd-level": "1"}
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,9 @@ class Hints:
     dst_switch: bool | None = None
 
 
-# takes the sample and chooses: the report's `encoding` and the settings to switch to
-Deferred = Callable[[], Awaitable[tuple[dict[str, Any], dict[str, str]]]]
+# takes the sample and chooses (telling the run's event stream): the report's `encoding`
+# and the settings to switch to
+Deferred = Callable[[EventStream], Awaitable[tuple[dict[str, Any], dict[str, str]]]]
 
 
 @dataclass(frozen=True)
@@ -111,12 +114,12 @@ async def adapt(src: QmpEnd, plan: Plan, hints: Hints, events: EventStream) -> A
     auto_converge = extra.get("throttle", throttle) == STOCK_THROTTLE
     deferred: Deferred | None = None
     if await _can_defer(src, plan, hints, commands):
-        async def choose() -> tuple[dict[str, Any], dict[str, str]]:
-            rec, applied = await _encoding(src, plan, hints, commands, events, auto_converge)
+        async def choose(ev: EventStream) -> tuple[dict[str, Any], dict[str, str]]:
+            rec, applied = await _encoding(src, plan, hints, commands, ev, auto_converge)
             return rec or {}, applied
         deferred = choose
-        start = {k: v for k, v in encoding.ENCODINGS[START_ENCODING].items()
-                 if k not in plan.explicit}
+        start = {k: v for k, v in {**encoding.ENCODINGS[START_ENCODING],
+                                   **START_EXTRA}.items() if k not in plan.explicit}
         first: dict[str, Any] = {
             "encoding": START_ENCODING, "deferred": True, "started_with": START_ENCODING,
             "reason": f"the sample runs beside the first pass ({SWITCH_CAP} on both "

@@ -42,7 +42,7 @@ from livemig.engine.qmpactuator import QmpActuator, check_throttle
 from livemig.engine.record import MigrationRecord
 from livemig.engine.sockstat import link_state, tcp_port
 from livemig.engine.stall import SwitchoverWatch
-from livemig.engine.switch import switch
+from livemig.engine.switch import switch, switch_outcome
 from livemig.engine.verify import RamVerdict, skipped, verify_ram
 from livemig.errors import LivemigError, UsageError, VMError
 from livemig.settings import ram_check_budget_s
@@ -248,18 +248,8 @@ class Engine:
         """The encoding switch's outcome into the report; a sample still running when
         the migration ended is stopped (the stream kept its start encoding)."""
         task, self._switch = self._switch, None
-        if task is None:
-            return
-        ended = not task.done()
-        task.cancel()
-        await asyncio.wait({task})
-        if not task.cancelled() and task.exception() is None:
-            self.encoding = task.result()
-            return
-        why = ("the migration ended before the sample" if ended or task.cancelled()
-               else f"the sample failed: {task.exception()}")
-        self.encoding = {**(self.encoding or {}), "switched": False, "kept_because": why}
-        self.events.event("encoding not switched", reason=why)
+        if task is not None:
+            self.encoding = await switch_outcome(task, self.encoding, self.events)
 
     async def _postcopy_resume(self) -> bool:
         """Post-copy began: the destination (started with ``-S``, as every

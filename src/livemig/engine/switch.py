@@ -14,6 +14,7 @@ so: the stream keeps the start encoding.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -44,7 +45,7 @@ async def switch(src: QmpEnd, deferred: Deferred, start: Mapping[str, str],
     the report's ``encoding`` (the choice, plus ``switched``, ``after_s`` and, when not
     switched, ``kept_because``)."""
     t0 = time.monotonic()
-    rec, chosen = await deferred()
+    rec, chosen = await deferred(events)
     rec = {**rec, "started_with": START_ENCODING}
     change, fixed = changes(start, chosen)
     why = None
@@ -68,3 +69,18 @@ async def switch(src: QmpEnd, deferred: Deferred, start: Mapping[str, str],
     events.say(f"stream encoding {rec['encoding']} from here on"
                if change else f"stream encoding stays {START_ENCODING}")
     return rec
+
+
+async def switch_outcome(task: asyncio.Task[dict[str, Any]], encoding: dict[str, Any] | None,
+                         events: EventStream) -> dict[str, Any]:
+    """The report's ``encoding`` once the migration ended: the switch's, or the start's
+    with why it was kept. A sample still running then is stopped (it is moot)."""
+    ended = not task.done()
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled() and task.exception() is None:
+        return task.result()
+    why = ("the migration ended before the sample" if ended or task.cancelled()
+           else f"the sample failed: {task.exception()}")
+    events.event("encoding not switched", reason=why)
+    return {**(encoding or {}), "switched": False, "kept_because": why}

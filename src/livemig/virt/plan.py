@@ -114,6 +114,9 @@ LIBVIRT_OWNED_PARAMS = frozenset({
 # own cache size is set too, "set x-multifd-lz4-delta-cache-size on the destination")
 DELTA_KEY = "x-multifd-lz4-delta-cache-size"  # patched: lz4 multifd delta encoding
 STREAM_PARAMS = frozenset({"multifd-compression", DELTA_KEY})
+# the patched QEMU's codec switch during a migration (qemu/patches/0012): the engine
+# starts the stream before its page sample and switches to the choice
+SWITCH_CAP = "x-multifd-compression-switch"
 # encoding=lz4-delta's delta cache, as policy.encoding.ENCODINGS sets it for a lab run
 DELTA_CACHE = 256 << 20
 # patched QEMU (qemu/patches): the direct throttle, as a command or as a parameter
@@ -389,6 +392,10 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
     if req.verify and req.storage == "copy":
         flags |= PAUSED  # the images are compared before the destination runs
     dst_globals = {k: str(v) for k, v in src_qmp.items() if k in STREAM_PARAMS}
+    if src_caps.get(SWITCH_CAP):
+        # the destination loads each packet with the codec that sent it: libvirt starts
+        # that QEMU and sets its capabilities itself, so it gets this one by -global
+        dst_globals[SWITCH_CAP] = "on"
     ram_check, why = _ram_check(qemu, req, flags, src_caps, ram_check_budget_s(lm))
     if ram_check:
         src_caps[RAM_CHECK_CAP] = True
@@ -481,7 +488,7 @@ def mib(bytes_per_s: int) -> int:
 
 
 def _stream_global_re() -> re.Pattern[str]:
-    keys = "|".join(re.escape(k) for k in sorted(STREAM_PARAMS))
+    keys = "|".join(re.escape(k) for k in sorted(STREAM_PARAMS | {SWITCH_CAP}))
     q = "[\"']"
     return re.compile(rf"<qemu:arg\s+value={q}-global{q}\s*/>\s*"
                       rf"<qemu:arg\s+value={q}migration\.(?:{keys})=[^\"']*{q}\s*/>\s*")

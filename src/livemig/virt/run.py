@@ -26,11 +26,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from livemig.engine.adapt import Deferred
 from livemig.engine.events import EventStream, progress_listener
 from livemig.engine.executor import PolicyConfig, PolicyExecutor
 from livemig.engine.monitor import Monitor, Terminal
 from livemig.engine.observe import Observation
 from livemig.engine.plan import Plan as EnginePlan
+from livemig.engine.switch import switch, switch_outcome
 from livemig.errors import LivemigError, UsageError, VMError
 from livemig.progress import Progress
 from livemig.virt import hold, journal, qmp
@@ -67,7 +69,7 @@ from livemig.virt.plan import (
     with_globals,
 )
 from livemig.virt.repair import put_back
-from livemig.virt.sampling import adapt_domain
+from livemig.virt.sampling import DomainEnd, adapt_domain
 from livemig.virt.stats import PREPARE, disk_observation, disk_sample
 
 log = logging.getLogger(__name__)
@@ -168,6 +170,8 @@ class DomainMigration:
         self._mig_conn: Any = None
         self._event_id: int | None = None
         self._interruptible = False  # a signal now stops the disk comparison
+        # the encoding chosen beside the first pass (engine.adapt: both ends switch)
+        self.deferred: Deferred | None = None
 
     # -- phase 1 ------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -274,6 +278,7 @@ class DomainMigration:
         adapted = adapt_domain(self.dom, self.src_conn, first, events, o.request.tls)
         self.run.events.extend(events.log)
         self.run.encoding = adapted.encoding
+        self.deferred = adapted.deferred
         self.run.engine_plan = adapted.plan
         wanted = {**adapted.plan.wanted, **virt_only}
         if adapted.encoding and adapted.encoding.get("encoding"):
@@ -390,7 +395,7 @@ class DomainMigration:
                                   _Hooks(self, job), self.run.timeline,
                                   stall_timeout=plan.stall_timeout, release=executor.release)
                 try:
-                    end = self._await(monitor.run())
+                    end = self._await(self._watched(monitor, events))
                 except VMError as e:  # the job did not end within the abort's time
                     failed = str(e)
         self.run.t_end = time.time()
@@ -411,6 +416,24 @@ class DomainMigration:
         if self.run.result.outcome != "completed" and plan.ram_check:
             self.run.ram_check = ram_check_failed(self.run.result.reason or "")
         self.progress.close()
+
+    async def _watched(self, monitor: Monitor, events: EventStream) -> Terminal:
+        """The monitor's loop, with the deferred encoding choice beside it: sampled
+        through the domain while the first pass runs, then switched to on the source
+        (:func:`livemig.engine.switch.switch`); stopped if the migration ends first."""
+        if self.deferred is None:
+            return await monitor.run()
+        end = DomainEnd(self.dom)
+        caps = await end.cmd("query-migrate-capabilities")
+        params = await end.cmd("query-migrate-parameters")
+        start = (self.run.encoding or {}).get("applied", {})
+        task = asyncio.ensure_future(switch(
+            end, self.deferred, start, {c["capability"]: bool(c["state"]) for c in caps},
+            params, events))
+        try:
+            return await monitor.run()
+        finally:
+            self.run.encoding = await switch_outcome(task, self.run.encoding, events)
 
     def _watch_iterations(self) -> None:
         """QEMU's MIGRATION_PASS as libvirt's migration-iteration event: each round's

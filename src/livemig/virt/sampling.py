@@ -104,4 +104,7 @@ def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream,
     reuse = given_sample(str(dom.name()), events) if auto else None  # else unused
     if reuse is not None:
         hints = dataclasses.replace(hints, given=reuse)
+    # the destination QEMU libvirt starts gets x-multifd-compression-switch by -global
+    # (virt/plan.py) when the source has it: the same build at both ends, as for lz4
+    hints = dataclasses.replace(hints, dst_switch=True)
     return asyncio.run(adapt(DomainEnd(dom), plan, hints, events))
