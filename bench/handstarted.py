@@ -119,7 +119,14 @@ CONFIGS: dict[str, tuple[str, bool]] = {
     "upstream-xbzrle": ("upstream-xbzrle", True),
     "livemig": ("livemig", False),
     "livemig@stock": ("livemig", True),
+    # the patched build sampling before `migrate`, as before patch 0012 (an ablation:
+    # not in the default set)
+    "livemig-sample-first": ("livemig", False),
 }
+# the configurations a run has unless --configs says otherwise
+DEFAULT_CONFIGS = ("upstream", "upstream-xbzrle", "livemig", "livemig@stock")
+# what a configuration adds to livemig's command line
+CONFIG_SETS = {"livemig-sample-first": ("x-multifd-compression-switch=off",)}
 STOCK_CONFIGS = ("upstream", "upstream-xbzrle")  # the baselines
 
 READY_TIMEOUT_S = 240.0  # boot under TCG plus filling the workload's region
@@ -439,6 +446,7 @@ def one_run(family: str, config: str, repeat: int, a: argparse.Namespace,
                 "--report", str(report_path), "-q"]
         if profile == "livemig":  # an ablation: livemig with some of its settings changed
             argv += [x for kv in a.set for x in ("--set", kv)]
+        argv += [x for kv in CONFIG_SETS.get(config, ()) for x in ("--set", kv)]
         t_launch = time.time()
         with open(log_path, "w") as log:
             log.write(" ".join(argv) + "\n")
@@ -742,7 +750,7 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="K=V",
                     help="for an ablation: passed to the livemig configurations' runs "
                     "(--set K=V); give the runs their own --out")
-    ap.add_argument("--configs", default=",".join(CONFIGS),
+    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                     help=f"comma-separated, of {', '.join(CONFIGS)}")
     ap.add_argument("--bandwidth", default="50M")
     ap.add_argument("--memory", default="1G")

@@ -326,22 +326,23 @@ _SWITCH_CAPS = {"multifd": False, SWITCH_CAP: False}
 
 def test_ends_that_switch_codecs_start_at_once_and_choose_beside_the_first_pass():
     """With x-multifd-compression-switch on both ends (patch 0012) the second plan
-    starts the stream with lz4 and no sample is taken before the migration; the
-    deferred choice samples and switches: here lz4-delta, so only the delta cache is
-    set (lz4 stays)."""
+    starts the stream with the link's codec (zstd at 50 MiB/s) and no sample is taken
+    before the migration; the deferred choice samples and switches: here to lz4 with
+    its delta cache."""
     q = _switching_qemu()
     events = EventStream()
     a = asyncio.run(adapt(q, _plan(), Hints(host_available=8 << 30, dst_switch=True),
                           events))
     assert a.deferred is not None and a.encoding is not None and a.encoding["deferred"]
     assert not [c for c in q.log if c[0] == "x-calc-ram-sample"]  # nothing sampled yet
-    assert a.plan.wanted["multifd-compression"] == "lz4"
+    assert a.plan.wanted["multifd-compression"] == "zstd"
     assert a.plan.wanted[SWITCH_CAP] == "on" and a.plan.wanted[encoding.DELTA_KEY] == "0"
-    rec = asyncio.run(switch(q, a.deferred, a.encoding["applied"], _SWITCH_CAPS,
-                             _SWITCH_PARAMS, events))
-    assert rec["encoding"] == "lz4-delta" and rec["switched"] and rec["started_with"] == "lz4"
+    rec = asyncio.run(switch(q, a.deferred, a.encoding, _SWITCH_CAPS, _SWITCH_PARAMS,
+                             events))
+    assert rec["encoding"] == "lz4-delta" and rec["switched"] and rec["started_with"] == "zstd"
     sets = [args for c, args in q.log if c == "migrate-set-parameters"]
-    assert sets == [{encoding.DELTA_KEY: 1 << 30}]  # a cache for all 1 GiB of RAM
+    # lz4, and a cache for all 1 GiB of RAM
+    assert sets == [{"multifd-compression": "lz4", encoding.DELTA_KEY: 1 << 30}]
     assert [e["event"] for e in events.log] == ["encoding deferred", "encoding chosen",
                                                 "encoding switched"]
 
@@ -360,6 +361,18 @@ def test_a_destination_that_cannot_switch_gets_the_choice_before_the_migration()
     assert a.deferred is None and SWITCH_CAP not in a.plan.wanted
 
 
+def test_the_stream_starts_with_the_links_codec_on_typical_memory():
+    both = frozenset({"zstd", "lz4", "plain"})
+    # a 50 MiB/s link bounds the stream: zstd's ratio; with no cap the CPU does: lz4
+    assert encoding.start_encoding(encoding.Context(link_rate=50 << 20, codecs=both)) == "zstd"
+    assert encoding.start_encoding(encoding.Context(link_rate=None, codecs=both)) == "lz4"
+    assert encoding.start_encoding(encoding.Context(link_rate=50 << 20, cpus=0.5,
+                                                    codecs=both)) == "zstd"
+    assert encoding.start_encoding(encoding.Context(link_rate=50 << 20,
+                                                    codecs=frozenset({"lz4", "plain"}))) == "lz4"
+    assert encoding.start_encoding(encoding.Context(codecs=frozenset({"plain"}))) == "plain"
+
+
 def test_only_the_codec_settings_change_mid_stream():
     start = {**encoding.ENCODINGS["lz4"], **START_EXTRA}
     assert changes(start, encoding.ENCODINGS["zstd"]) == ({"multifd-compression": "zstd"}, [])
@@ -376,11 +389,11 @@ def test_a_refused_or_impossible_switch_keeps_the_start_and_says_why():
     async def chosen(name: str, _ev: EventStream) -> tuple[dict[str, Any], dict[str, str]]:
         return {"encoding": name}, encoding.ENCODINGS[name]
 
-    start = {**encoding.ENCODINGS["lz4"], **START_EXTRA}
-    rec = asyncio.run(switch(q, lambda ev: chosen("zstd", ev), start, _SWITCH_CAPS, _SWITCH_PARAMS,
-                             EventStream()))
+    first = {"started_with": "lz4", "applied": {**encoding.ENCODINGS["lz4"], **START_EXTRA}}
+    rec = asyncio.run(switch(q, lambda ev: chosen("zstd", ev), first, _SWITCH_CAPS,
+                             _SWITCH_PARAMS, EventStream()))
     assert rec["switched"] is False and "QEMU refused" in rec["kept_because"]
-    rec = asyncio.run(switch(q, lambda ev: chosen("xbzrle", ev), start, _SWITCH_CAPS,
+    rec = asyncio.run(switch(q, lambda ev: chosen("xbzrle", ev), first, _SWITCH_CAPS,
                              _SWITCH_PARAMS, EventStream()))
     assert rec["switched"] is False and "cannot change" in rec["kept_because"]
     assert len([c for c in q.log if c[0] == "migrate-set-parameters"]) == 1

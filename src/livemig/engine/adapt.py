@@ -8,10 +8,10 @@ edited) plus what it decided and why, for the report:
   offers (:func:`sampler_for`), weighed by :mod:`livemig.policy.encoding` against the
   link, the CPUs left beside the vCPUs and the codecs this QEMU's multifd has;
 - with ``x-multifd-compression-switch`` on both ends (the patched build: qemu/patches/
-  0012) the sample does not hold the migration back: the second plan starts with
-  :data:`START_ENCODING` and the capability, and :attr:`Adapted.deferred` takes the
-  sample and makes the choice while the first pass runs (the engine switches the
-  stream to it: :mod:`livemig.engine.switch`);
+  0012) the sample does not hold the migration back: the second plan starts with the
+  link's codec on typical memory (``encoding.start_encoding``) and the capability,
+  and :attr:`Adapted.deferred` takes the sample and makes the choice while the first
+  pass runs (the engine switches the stream to it: :mod:`livemig.engine.switch`);
 - the throttle: the profile's own throttles (``converge``, ``reference``, ...) need the
   patched QEMU's ``set-cpu-throttle``; on a QEMU without it the profile falls back to
   what the stock profiles use (QEMU's auto-converge, stock increments), so livemig
@@ -54,10 +54,8 @@ STOCK_THROTTLE = "auto-converge"
 _CODEC_NAMES = {"zstd": "zstd", "lz4": "lz4", "none": "plain"}
 # the capability that lets a running migration change its multifd codec (patched QEMU)
 SWITCH_CAP = "x-multifd-compression-switch"
-# what the stream starts with while the sample runs: lz4 is the patched build's fastest
-# codec (it never makes the channels the bottleneck) and leaves delta encoding open
-START_ENCODING = "lz4"
-# what a switch may change, set at the start too: the run puts back what it set
+# what a switch may change, set at the start too (the stream starts with
+# encoding.start_encoding's codec): the run puts back what it set
 START_EXTRA = {encoding.DELTA_KEY: "0", "multifd-zstd-level": "1"}
 
 
@@ -118,12 +116,16 @@ async def adapt(src: QmpEnd, plan: Plan, hints: Hints, events: EventStream) -> A
             rec, applied = await _encoding(src, plan, hints, commands, ev, auto_converge)
             return rec or {}, applied
         deferred = choose
-        start = {k: v for k, v in {**encoding.ENCODINGS[START_ENCODING],
-                                   **START_EXTRA}.items() if k not in plan.explicit}
+        # the codec for the link and CPUs on typical memory's figures (~0.05 s of
+        # queries before `migrate`), until the sample says what this guest's pages do
+        name = encoding.start_encoding(await context(src, plan, hints))
+        start = {k: v for k, v in {**encoding.ENCODINGS[name], **START_EXTRA}.items()
+                 if k not in plan.explicit}
         first: dict[str, Any] = {
-            "encoding": START_ENCODING, "deferred": True, "started_with": START_ENCODING,
+            "encoding": name, "deferred": True, "started_with": name,
             "reason": f"the sample runs beside the first pass ({SWITCH_CAP} on both "
-                      f"ends): {START_ENCODING} until the choice", "applied": start}
+                      f"ends): {name} (the link's and CPUs' codec on typical memory) "
+                      "until the choice", "applied": start}
         extra.update(start)
         extra[SWITCH_CAP] = "on"
         events.event("encoding deferred", **first)

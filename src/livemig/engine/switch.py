@@ -1,9 +1,10 @@
 """The stream's codec, chosen while the migration runs.
 
 With ``x-multifd-compression-switch`` on both ends (qemu/patches/0012) the migration
-starts with :data:`~livemig.engine.adapt.START_ENCODING` and the page sample runs beside
-the first pass (:attr:`~livemig.engine.adapt.Adapted.deferred`); :func:`switch` then
-sets the chosen codec on the source, whose channels take it at their next packet. QEMU
+starts with the link's codec on typical memory
+(:func:`~livemig.policy.encoding.start_encoding`) and the page sample runs beside the
+first pass (:attr:`~livemig.engine.adapt.Adapted.deferred`); :func:`switch` then sets
+the chosen codec on the source, whose channels take it at their next packet. QEMU
 refuses what would break lz4's delta cache (leaving delta encoding, resizing it), which
 this never asks: the start has no delta encoding.
 
@@ -19,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from livemig.engine.adapt import START_ENCODING, Deferred
+from livemig.engine.adapt import Deferred
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
 from livemig.errors import LivemigError
@@ -38,15 +39,18 @@ def changes(start: Mapping[str, str], chosen: Mapping[str, str]
     return ({k: v for k, v in change.items() if k in SWITCHED}, fixed)
 
 
-async def switch(src: QmpEnd, deferred: Deferred, start: Mapping[str, str],
+async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
                  caps: Mapping[str, bool], params: Mapping[str, Any],
                  events: EventStream) -> dict[str, Any]:
-    """Take the sample, choose, and switch the running stream to the choice; returns
-    the report's ``encoding`` (the choice, plus ``switched``, ``after_s`` and, when not
-    switched, ``kept_because``)."""
+    """Take the sample, choose, and switch the running stream to the choice; ``first``
+    is the report's ``encoding`` of the start (adapt's: ``started_with``, ``applied``).
+    Returns the report's ``encoding``: the choice, plus ``started_with``, ``switched``,
+    ``after_s`` and, when not switched, ``kept_because``."""
     t0 = time.monotonic()
     rec, chosen = await deferred(events)
-    rec = {**rec, "started_with": START_ENCODING}
+    started = str(first.get("started_with"))
+    start: Mapping[str, str] = first.get("applied", {})
+    rec = {**rec, "started_with": started}
     change, fixed = changes(start, chosen)
     why = None
     if fixed:
@@ -61,13 +65,13 @@ async def switch(src: QmpEnd, deferred: Deferred, start: Mapping[str, str],
     if why is not None:
         rec.update(switched=False, kept_because=why)
         events.event("encoding not switched", encoding=rec["encoding"], reason=why)
-        events.say(f"stream encoding stays {START_ENCODING}: {why}")
+        events.say(f"stream encoding stays {started}: {why}")
         return rec
     rec["switched"] = bool(change)
     events.event("encoding switched" if change else "encoding kept",
                  encoding=rec["encoding"], settings=change, after_s=rec["after_s"])
     events.say(f"stream encoding {rec['encoding']} from here on"
-               if change else f"stream encoding stays {START_ENCODING}")
+               if change else f"stream encoding stays {started}")
     return rec
 
 

@@ -426,10 +426,9 @@ class DomainMigration:
         end = DomainEnd(self.dom)
         caps = await end.cmd("query-migrate-capabilities")
         params = await end.cmd("query-migrate-parameters")
-        start = (self.run.encoding or {}).get("applied", {})
         task = asyncio.ensure_future(switch(
-            end, self.deferred, start, {c["capability"]: bool(c["state"]) for c in caps},
-            params, events))
+            end, self.deferred, self.run.encoding or {},
+            {c["capability"]: bool(c["state"]) for c in caps}, params, events))
         try:
             return await monitor.run()
         finally:
