@@ -20,7 +20,8 @@ from livemig.doctor.probe import parse
 PATCHED = QemuFacts(
     "/opt/livemig/qemu/bin/qemu-system-x86_64", version="10.2.2",
     commands=frozenset({"set-cpu-throttle", "x-query-ram-digest", "x-calc-ram-sample"}),
-    capabilities=frozenset({"x-ram-digest-check", "x-switchover-drain", "multifd"}),
+    capabilities=frozenset({"x-ram-digest-check", "x-switchover-drain",
+                            "x-multifd-compression-switch", "multifd"}),
     parameters=frozenset({"multifd-lz4-acceleration", "x-hot-page-defer-percent",
                           "x-multifd-lz4-delta-cache-size", "max-bandwidth"}))
 STOCK = QemuFacts("/usr/bin/qemu-system-x86_64", version="10.2.2",
