@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from livemig import dststart, paths
-from livemig.engine.adapt import SWITCH_CAP, Hints, adapt
+from livemig.engine.adapt import Hints, adapt
 from livemig.engine.endpoint import (
     Endpoint,
     process_argv,
@@ -36,7 +36,7 @@ from livemig.engine.record import MigrationRecord
 from livemig.engine.run import Engine
 from livemig.errors import UsageError, VMError
 from livemig.report import AttachFacts
-from livemig.settings import resolve
+from livemig.settings import SWITCH_CAP, resolve
 
 CONNECT_TIMEOUT_S = 10.0
 

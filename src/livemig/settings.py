@@ -204,6 +204,8 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
 # one it requires
 DRAIN_CAP = "x-switchover-drain"
 DRAIN_NEEDS = "return-path"
+# patched QEMU (qemu/patches/0012): a running migration may change its multifd codec
+SWITCH_CAP = "x-multifd-compression-switch"
 
 # Stock QEMU only: these are the baselines livemig is judged against.
 PROFILES: dict[str, dict[str, str]] = {

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from livemig.engine.adapt import START_EXTRA, SWITCH_CAP, Hints, adapt, multifd_codecs
+from livemig.engine.adapt import START_EXTRA, Hints, adapt, multifd_codecs
 from livemig.engine.events import EventStream
 from livemig.engine.plan import Plan
 from livemig.engine.run import Engine
@@ -23,7 +23,7 @@ from livemig.sampling.layout import RamRange, parse_mtree
 from livemig.sampling.peek import PeekSampler, clusters
 from livemig.sampling.qemu import QemuSampler, parse
 from livemig.sampling.readers import XpReader
-from livemig.settings import merge
+from livemig.settings import SWITCH_CAP, merge
 
 PAGE = 4096
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -13,15 +13,9 @@ from dataclasses import dataclass
 from livemig.doctor.facts import HostFacts, QemuFacts
 from livemig.engine.verify import DIGEST_CMD
 from livemig.sampling.qemu import START as SAMPLE_CMD
-from livemig.settings import DRAIN_CAP
+from livemig.settings import DRAIN_CAP, SWITCH_CAP
 from livemig.tls.creds import CLIENT_FILES, SERVER_FILES
-from livemig.virt.plan import (
-    DELTA_KEY,
-    LZ4_MARK,
-    RAM_CHECK_CAP,
-    SWITCH_CAP,
-    THROTTLE_COMMAND,
-)
+from livemig.virt.plan import DELTA_KEY, LZ4_MARK, RAM_CHECK_CAP, THROTTLE_COMMAND
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 # the versions livemig is tested with (docs/libvirt-runs.md): bookworm's libvirt and

@@ -42,6 +42,7 @@ from livemig.sampling.peek import PeekSampler, Read
 from livemig.sampling.qemu import START as QEMU_SAMPLE
 from livemig.sampling.qemu import QemuSampler
 from livemig.sampling.readers import PmemsaveReader, XpReader, hmp_over, qemu_is_local
+from livemig.settings import SWITCH_CAP
 from livemig.units import parse_link_rate
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,6 @@ POLICY_THROTTLES = ("reference", "direct", "staged", "converge")
 STOCK_THROTTLE = "auto-converge"
 # multifd-compression values the model knows, by QEMU's name
 _CODEC_NAMES = {"zstd": "zstd", "lz4": "lz4", "none": "plain"}
-# the capability that lets a running migration change its multifd codec (patched QEMU)
-SWITCH_CAP = "x-multifd-compression-switch"
 # what a switch may change, set at the start too (the stream starts with
 # encoding.start_encoding's codec): the run puts back what it set
 START_EXTRA = {encoding.DELTA_KEY: "0", "multifd-zstd-level": "1"}

@@ -59,6 +59,7 @@ from livemig.settings import (
     DRAIN_CAP,
     DRAIN_NEEDS,
     LIVEMIG_SETTINGS,
+    SWITCH_CAP,
     _convert_param,
     ram_check_budget_s,
 )
@@ -114,9 +115,6 @@ LIBVIRT_OWNED_PARAMS = frozenset({
 # own cache size is set too, "set x-multifd-lz4-delta-cache-size on the destination")
 DELTA_KEY = "x-multifd-lz4-delta-cache-size"  # patched: lz4 multifd delta encoding
 STREAM_PARAMS = frozenset({"multifd-compression", DELTA_KEY})
-# the patched QEMU's codec switch during a migration (qemu/patches/0012): the engine
-# starts the stream before its page sample and switches to the choice
-SWITCH_CAP = "x-multifd-compression-switch"
 # encoding=lz4-delta's delta cache, as policy.encoding.ENCODINGS sets it for a lab run
 DELTA_CACHE = 256 << 20
 # patched QEMU (qemu/patches): the direct throttle, as a command or as a parameter
