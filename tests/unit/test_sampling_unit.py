@@ -326,25 +326,29 @@ _SWITCH_CAPS = {"multifd": False, SWITCH_CAP: False}
 
 def test_ends_that_switch_codecs_start_at_once_and_choose_beside_the_first_pass():
     """With x-multifd-compression-switch on both ends (patch 0012) the second plan
-    starts the stream with the link's codec (zstd at 50 MiB/s) and no sample is taken
-    before the migration; the deferred choice samples and switches: here to lz4 with
-    its delta cache."""
-    q = _switching_qemu()
-    events = EventStream()
-    a = asyncio.run(adapt(q, _plan(), Hints(host_available=8 << 30, dst_switch=True),
-                          events))
-    assert a.deferred is not None and a.encoding is not None and a.encoding["deferred"]
-    assert not [c for c in q.log if c[0] == "x-calc-ram-sample"]  # nothing sampled yet
-    assert a.plan.wanted["multifd-compression"] == "zstd"
-    assert a.plan.wanted[SWITCH_CAP] == "on" and a.plan.wanted[encoding.DELTA_KEY] == "0"
-    rec = asyncio.run(switch(q, a.deferred, a.encoding, _SWITCH_CAPS, _SWITCH_PARAMS,
-                             events))
-    assert rec["encoding"] == "lz4-delta" and rec["switched"] and rec["started_with"] == "zstd"
-    sets = [args for c, args in q.log if c == "migrate-set-parameters"]
-    # lz4, and a cache for all 1 GiB of RAM
-    assert sets == [{"multifd-compression": "lz4", encoding.DELTA_KEY: 1 << 30}]
-    assert [e["event"] for e in events.log] == ["encoding deferred", "encoding chosen",
-                                                "encoding switched"]
+    starts the stream with lz4 and delta encoding, and no sample is taken before the
+    migration; the deferred choice samples and switches: a guest that rewrites small
+    parts keeps the start (lz4-delta, the same cache), one that does not rewrite gets
+    zstd and delta encoding off."""
+    for rewritten, chosen, sets in (
+            (300, "lz4-delta", []),
+            (0, "zstd", [{"multifd-compression": "zstd", encoding.DELTA_KEY: 0}])):
+        q = _switching_qemu(_reply(rewritten))
+        events = EventStream()
+        a = asyncio.run(adapt(q, _plan(), Hints(host_available=8 << 30, dst_switch=True),
+                              events))
+        assert a.deferred is not None and a.encoding is not None and a.encoding["deferred"]
+        assert not [c for c in q.log if c[0] == "x-calc-ram-sample"]  # nothing sampled yet
+        assert a.plan.wanted["multifd-compression"] == "lz4" and a.plan.wanted[SWITCH_CAP] == "on"
+        assert a.plan.wanted[encoding.DELTA_KEY] == "1024M"  # every page of the 1 GiB guest
+        rec = asyncio.run(switch(q, a.deferred, a.encoding, _SWITCH_CAPS, _SWITCH_PARAMS,
+                                 events))
+        assert rec["encoding"] == chosen and rec["started_with"] == "lz4-delta"
+        assert rec["switched"] is bool(sets)
+        assert [args for c, args in q.log if c == "migrate-set-parameters"] == sets
+        assert [e["event"] for e in events.log] == [
+            "encoding deferred", "encoding chosen",
+            "encoding switched" if sets else "encoding kept"]
 
 
 def test_a_destination_that_cannot_switch_gets_the_choice_before_the_migration():
@@ -359,18 +363,6 @@ def test_a_destination_that_cannot_switch_gets_the_choice_before_the_migration()
     a = asyncio.run(adapt(q, _plan({"multifd-compression": "zstd"}),
                           Hints(dst_switch=True), EventStream()))
     assert a.deferred is None and SWITCH_CAP not in a.plan.wanted
-
-
-def test_the_stream_starts_with_the_links_codec_on_typical_memory():
-    both = frozenset({"zstd", "lz4", "plain"})
-    # a 50 MiB/s link bounds the stream: zstd's ratio; with no cap the CPU does: lz4
-    assert encoding.start_encoding(encoding.Context(link_rate=50 << 20, codecs=both)) == "zstd"
-    assert encoding.start_encoding(encoding.Context(link_rate=None, codecs=both)) == "lz4"
-    assert encoding.start_encoding(encoding.Context(link_rate=50 << 20, cpus=0.5,
-                                                    codecs=both)) == "zstd"
-    assert encoding.start_encoding(encoding.Context(link_rate=50 << 20,
-                                                    codecs=frozenset({"lz4", "plain"}))) == "lz4"
-    assert encoding.start_encoding(encoding.Context(codecs=frozenset({"plain"}))) == "plain"
 
 
 def test_only_the_codec_settings_change_mid_stream():

@@ -106,7 +106,7 @@ def test_attach_migrates_verifies_resumes_and_restores(pair, tmp_path):
         assert rep["settings"]["livemig"]["throttle"] == "converge"
         # both ends can switch codecs (patch 0012): the sample ran beside the first pass
         enc = rep["encoding"]
-        assert enc["started_with"] == "lz4" and "switched" in enc, enc
+        assert enc["started_with"] == "lz4-delta" and "switched" in enc, enc
         assert rep["settings"]["capabilities"]["x-multifd-compression-switch"] is True
     else:
         assert rep["settings"]["capabilities"]["multifd"] is True

@@ -8,10 +8,10 @@ edited) plus what it decided and why, for the report:
   offers (:func:`sampler_for`), weighed by :mod:`livemig.policy.encoding` against the
   link, the CPUs left beside the vCPUs and the codecs this QEMU's multifd has;
 - with ``x-multifd-compression-switch`` on both ends (the patched build: qemu/patches/
-  0012) the sample does not hold the migration back: the second plan starts with the
-  link's codec on typical memory (``encoding.start_encoding``) and the capability,
-  and :attr:`Adapted.deferred` takes the sample and makes the choice while the first
-  pass runs (the engine switches the stream to it: :mod:`livemig.engine.switch`);
+  0012) the sample does not hold the migration back: the second plan starts with lz4
+  and delta encoding (``encoding.start_choice``) and the capability, and
+  :attr:`Adapted.deferred` takes the sample and makes the choice while the first pass
+  runs (the engine switches the stream to it: :mod:`livemig.engine.switch`);
 - the throttle: the profile's own throttles (``converge``, ``reference``, ...) need the
   patched QEMU's ``set-cpu-throttle``; on a QEMU without it the profile falls back to
   what the stock profiles use (QEMU's auto-converge, stock increments), so livemig
@@ -54,7 +54,8 @@ STOCK_THROTTLE = "auto-converge"
 # multifd-compression values the model knows, by QEMU's name
 _CODEC_NAMES = {"zstd": "zstd", "lz4": "lz4", "none": "plain"}
 # what a switch may change, set at the start too (the stream starts with
-# encoding.start_encoding's codec): the run puts back what it set
+# encoding.start_choice): the run puts back what it set, and a choice without them
+# has them so (no delta encoding, zstd's level 1)
 START_EXTRA = {encoding.DELTA_KEY: "0", "multifd-zstd-level": "1"}
 
 
@@ -115,16 +116,15 @@ async def adapt(src: QmpEnd, plan: Plan, hints: Hints, events: EventStream) -> A
             rec, applied = await _encoding(src, plan, hints, commands, ev, auto_converge)
             return rec or {}, applied
         deferred = choose
-        # the codec for the link and CPUs on typical memory's figures (~0.05 s of
-        # queries before `migrate`), until the sample says what this guest's pages do
-        name = encoding.start_encoding(await context(src, plan, hints))
-        start = {k: v for k, v in {**encoding.ENCODINGS[name], **START_EXTRA}.items()
+        # the delta cache's size needs the guest's RAM and the host's free memory
+        # (~0.05 s of queries before `migrate`)
+        begin = encoding.start_choice(await context(src, plan, hints))
+        start = {k: v for k, v in {**START_EXTRA, **begin.applied()}.items()
                  if k not in plan.explicit}
         first: dict[str, Any] = {
-            "encoding": name, "deferred": True, "started_with": name,
+            "encoding": begin.encoding, "deferred": True, "started_with": begin.encoding,
             "reason": f"the sample runs beside the first pass ({SWITCH_CAP} on both "
-                      f"ends): {name} (the link's and CPUs' codec on typical memory) "
-                      "until the choice", "applied": start}
+                      f"ends): {begin.encoding} {begin.reason}", "applied": start}
         extra.update(start)
         extra[SWITCH_CAP] = "on"
         events.event("encoding deferred", **first)

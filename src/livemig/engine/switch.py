@@ -1,12 +1,13 @@
 """The stream's codec, chosen while the migration runs.
 
 With ``x-multifd-compression-switch`` on both ends (qemu/patches/0012) the migration
-starts with the link's codec on typical memory
-(:func:`~livemig.policy.encoding.start_encoding`) and the page sample runs beside the
-first pass (:attr:`~livemig.engine.adapt.Adapted.deferred`); :func:`switch` then sets
-the chosen codec on the source, whose channels take it at their next packet. QEMU
-refuses what would break lz4's delta cache (leaving delta encoding, resizing it), which
-this never asks: the start has no delta encoding.
+starts with lz4 and delta encoding (:func:`~livemig.policy.encoding.start_choice`) and
+the page sample runs beside the first pass
+(:attr:`~livemig.engine.adapt.Adapted.deferred`); :func:`switch` then sets the chosen
+codec on the source, whose channels take it at their next packet. QEMU refuses what
+would break lz4's delta cache (resizing it, turning delta encoding on again after it
+was turned off), which this never asks: the choice's cache is the start's size, and
+the stream switches once.
 
 Only the multifd codec settings change mid-stream (:data:`SWITCHED`); a choice that
 needs anything else (xbzrle, another channel count) is not applied and the report says
@@ -20,7 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from livemig.engine.adapt import Deferred
+from livemig.engine.adapt import START_EXTRA, Deferred
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
 from livemig.errors import LivemigError
@@ -51,7 +52,7 @@ async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
     started = str(first.get("started_with"))
     start: Mapping[str, str] = first.get("applied", {})
     rec = {**rec, "started_with": started}
-    change, fixed = changes(start, chosen)
+    change, fixed = changes(start, {**START_EXTRA, **chosen})
     why = None
     if fixed:
         why = f"{', '.join(fixed)} cannot change while the migration runs"

@@ -162,23 +162,18 @@ def page_rate(c: Codec, ctx: Context) -> float:
     return min(ctx.cpus * speed, link * c.ratio)
 
 
-# lz4 and zstd-1 on typical guest memory, before a sample says what this guest's pages
-# do (qemu/patches/0000: one core, 512 KiB packets of a busy guest's RAM, lz4 582 MB/s
-# at 1.98, zstd-1 326 MB/s at 2.35). Only the start of a stream that switches codec once
-# the sample is in (engine/adapt.py, patch 0012) is chosen with them.
-PRIOR: dict[str, Codec] = {"lz4": Codec(1.98, 5.8e8), "zstd": Codec(2.35, 3.3e8)}
-
-
-def start_encoding(ctx: Context) -> str:
-    """What a stream that will switch to the sample's choice starts with: of lz4 and
-    zstd (the codecs this QEMU has), the one with the higher page rate on ``PRIOR``'s
-    figures (zstd where the link bounds the stream, lz4 where the CPUs do); lz4 on a
-    tie, as the faster."""
-    rates = {n: page_rate(c, ctx) for n, c in PRIOR.items()
-             if n in ctx.codecs or (n == "lz4" and ctx.delta)}
-    if not rates:
-        return "plain"
-    return max(sorted(rates), key=lambda n: (rates[n], n == "lz4"))
+def start_choice(ctx: Context) -> Choice:
+    """What a stream that switches to the sample's choice once it is in starts with
+    (patch 0012; the patched build): lz4 with delta encoding, its cache sized as for
+    the choice. Every page sent before the sample is in then enters the cache: a guest
+    that rewrites small parts of its pages gets deltas for them from their first
+    re-send (started with zstd, the records guest sent 30 MiB more than with the sample
+    taken first: each page of its first 0.7 s went whole twice); a guest that rewrites
+    whole pages loses lz4's ratio against zstd's for that time (~7 MiB on a 50 MiB/s
+    link), and the switch turns delta encoding off."""
+    cache = delta_cache(ctx)
+    return Choice("lz4-delta", "until the sample is in: every page sent enters the "
+                  f"{cache >> 20} MiB delta cache", settings={DELTA_KEY: f"{cache >> 20}M"})
 
 
 def delta_cache(ctx: Context) -> int:
