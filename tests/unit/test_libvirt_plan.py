@@ -103,16 +103,18 @@ def test_lz4_delta_encoding_reaches_both_ends() -> None:
 
 
 def test_the_codec_switch_reaches_the_destination_libvirt_starts() -> None:
-    """The engine's deferred encoding (adapt: the stream starts with lz4 and the
-    capability) on a domain: the source's capability by passthrough, the destination's
-    by -global (libvirt starts that QEMU and sets its capabilities itself), and a stale
-    one in the live XML is replaced, not doubled."""
+    """The engine's deferred encoding (adapt: the stream starts with lz4, its delta
+    cache and the capability) on a domain: the source's capability by passthrough, the
+    destination's by -global (libvirt starts that QEMU and sets its capabilities
+    itself), and a stale one in the live XML is replaced, not doubled."""
     switch = P.QemuInfo(STOCK_CAPS | {P.SWITCH_CAP}, {**PATCHED.parameters, P.DELTA_KEY: 0},
                         frozenset({"migrate"}))
-    p = plan_for("defaults", {"multifd-compression": "lz4", P.DELTA_KEY: "0",
-                              P.SWITCH_CAP: "on"}, qemu=switch)
+    p = plan_for("defaults", {"multifd-compression": "lz4", P.DELTA_KEY: "1024M",
+                              "multifd-zstd-level": "1", P.SWITCH_CAP: "on"}, qemu=switch)
     assert p.src_caps == {P.SWITCH_CAP: True} and p.flags & P.PARALLEL
-    assert p.dst_globals == {"multifd-compression": "lz4", P.DELTA_KEY: "0",
+    assert p.src_qmp == {"multifd-compression": "lz4", P.DELTA_KEY: 1 << 30,
+                         "multifd-zstd-level": 1}  # what a switch may change: put back
+    assert p.dst_globals == {"multifd-compression": "lz4", P.DELTA_KEY: str(1 << 30),
                              P.SWITCH_CAP: "on"}
     xml = P.with_globals("<domain type='qemu'><name>x</name></domain>", p.dst_globals)
     assert xml.count(f"migration.{P.SWITCH_CAP}=on") == 1
