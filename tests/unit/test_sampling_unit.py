@@ -321,7 +321,6 @@ def _switching_qemu(sample: Any = None) -> Script:
 
 _SWITCH_PARAMS = {"downtime-limit": 300, encoding.DELTA_KEY: 0, "multifd-compression": "none",
                   "multifd-zstd-level": 1}
-_SWITCH_CAPS = {"multifd": False, SWITCH_CAP: False}
 
 
 def test_ends_that_switch_codecs_start_at_once_and_choose_beside_the_first_pass():
@@ -341,7 +340,7 @@ def test_ends_that_switch_codecs_start_at_once_and_choose_beside_the_first_pass(
         assert not [c for c in q.log if c[0] == "x-calc-ram-sample"]  # nothing sampled yet
         assert a.plan.wanted["multifd-compression"] == "lz4" and a.plan.wanted[SWITCH_CAP] == "on"
         assert a.plan.wanted[encoding.DELTA_KEY] == "1024M"  # every page of the 1 GiB guest
-        rec = asyncio.run(switch(q, a.deferred, a.encoding, _SWITCH_CAPS, _SWITCH_PARAMS,
+        rec = asyncio.run(switch(q, a.deferred, a.encoding, _SWITCH_PARAMS,
                                  events))
         assert rec["encoding"] == chosen and rec["started_with"] == "lz4-delta"
         assert rec["switched"] is bool(sets)
@@ -382,11 +381,11 @@ def test_a_refused_or_impossible_switch_keeps_the_start_and_says_why():
         return {"encoding": name}, encoding.ENCODINGS[name]
 
     first = {"started_with": "lz4", "applied": {**encoding.ENCODINGS["lz4"], **START_EXTRA}}
-    rec = asyncio.run(switch(q, lambda ev: chosen("zstd", ev), first, _SWITCH_CAPS,
-                             _SWITCH_PARAMS, EventStream()))
+    rec = asyncio.run(switch(q, lambda ev: chosen("zstd", ev), first, _SWITCH_PARAMS,
+                             EventStream()))
     assert rec["switched"] is False and "QEMU refused" in rec["kept_because"]
-    rec = asyncio.run(switch(q, lambda ev: chosen("xbzrle", ev), first, _SWITCH_CAPS,
-                             _SWITCH_PARAMS, EventStream()))
+    rec = asyncio.run(switch(q, lambda ev: chosen("xbzrle", ev), first, _SWITCH_PARAMS,
+                             EventStream()))
     assert rec["switched"] is False and "cannot change" in rec["kept_because"]
     assert len([c for c in q.log if c[0] == "migrate-set-parameters"]) == 1
 

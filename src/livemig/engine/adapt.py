@@ -112,13 +112,16 @@ async def adapt(src: QmpEnd, plan: Plan, hints: Hints, events: EventStream) -> A
     auto_converge = extra.get("throttle", throttle) == STOCK_THROTTLE
     deferred: Deferred | None = None
     if await _can_defer(src, plan, hints, commands):
+        # the delta cache's size needs the guest's RAM and the host's free memory
+        # (~0.05 s of queries before `migrate`); the choice reuses what they read
+        known = await context(src, plan, hints)
+
         async def choose(ev: EventStream) -> tuple[dict[str, Any], dict[str, str]]:
-            rec, applied = await _encoding(src, plan, hints, commands, ev, auto_converge)
+            rec, applied = await _encoding(src, plan, hints, commands, ev, auto_converge,
+                                           known)
             return rec or {}, applied
         deferred = choose
-        # the delta cache's size needs the guest's RAM and the host's free memory
-        # (~0.05 s of queries before `migrate`)
-        begin = encoding.start_choice(await context(src, plan, hints))
+        begin = encoding.start_choice(known)
         start = {k: v for k, v in {**START_EXTRA, **begin.applied()}.items()
                  if k not in plan.explicit}
         first: dict[str, Any] = {
@@ -151,8 +154,12 @@ async def _can_defer(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str]) 
 
 
 async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
-                    events: EventStream, auto_converge: bool = False
+                    events: EventStream, auto_converge: bool = False,
+                    known: encoding.Context | None = None
                     ) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """The encoding (the report's record, the settings it applies); ``known``: the
+    context already read (the deferred choice's), else it is read while the sampler
+    waits."""
     want = plan.livemig_setting("encoding")
     if want == "off":
         return None, {}
@@ -167,6 +174,8 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
         # the context's queries (query-qmp-schema: ~0.1 s) while the sample waits for
         # its next look: the user waits for both before the migration starts
         async def read_context() -> encoding.Context:
+            if known is not None:
+                return known
             await sampler.waiting.wait()
             return await context(src, plan, hints)
 

@@ -238,10 +238,9 @@ class Engine:
         await self.src.cmd("migrate", uri=self.plan.uri)
         self.events.say("migration started")
         if self.deferred is not None and self.neg is not None:
-            orig = self.neg.original_src
             self._switch = asyncio.ensure_future(switch(
-                self.src, self.deferred, self.encoding or {}, orig.capabilities,
-                orig.parameters, self.events))
+                self.src, self.deferred, self.encoding or {},
+                self.neg.original_src.parameters, self.events))
 
     async def _switch_done(self) -> None:
         """The encoding switch's outcome into the report; a sample still running when

@@ -25,10 +25,10 @@ from livemig.engine.adapt import START_EXTRA, Deferred
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
 from livemig.errors import LivemigError
-from livemig.policy.encoding import DELTA_KEY
 from livemig.settings import resolve
 
-SWITCHED = frozenset({"multifd-compression", "multifd-zstd-level", DELTA_KEY})
+# the codec and what the start sets beside it (adapt.START_EXTRA): all parameters
+SWITCHED = frozenset({"multifd-compression", *START_EXTRA})
 
 
 def changes(start: Mapping[str, str], chosen: Mapping[str, str]
@@ -41,10 +41,10 @@ def changes(start: Mapping[str, str], chosen: Mapping[str, str]
 
 
 async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
-                 caps: Mapping[str, bool], params: Mapping[str, Any],
-                 events: EventStream) -> dict[str, Any]:
+                 params: Mapping[str, Any], events: EventStream) -> dict[str, Any]:
     """Take the sample, choose, and switch the running stream to the choice; ``first``
-    is the report's ``encoding`` of the start (adapt's: ``started_with``, ``applied``).
+    is the report's ``encoding`` of the start (adapt's: ``started_with``, ``applied``),
+    ``params`` the source's migration parameters as read before (their types).
     Returns the report's ``encoding``: the choice, plus ``started_with``, ``switched``,
     ``after_s`` and, when not switched, ``kept_because``."""
     t0 = time.monotonic()
@@ -59,7 +59,7 @@ async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
     elif change:
         try:
             await src.cmd("migrate-set-parameters",
-                          **resolve(change, caps, params).parameters)
+                          **resolve(change, {}, params).parameters)
         except LivemigError as e:
             why = f"QEMU refused the switch: {e}"
     rec["after_s"] = round(time.monotonic() - t0, 3)

@@ -61,6 +61,7 @@ from livemig.virt.plan import (
     RAM_CHECK_CAP,
     STREAM_PARAMS,
     Plan,
+    QemuInfo,
     Request,
     disk_check_fallback,
     disk_check_method,
@@ -172,6 +173,7 @@ class DomainMigration:
         self._interruptible = False  # a signal now stops the disk comparison
         # the encoding chosen beside the first pass (engine.adapt: both ends switch)
         self.deferred: Deferred | None = None
+        self.qemu: QemuInfo | None = None  # the source QEMU as probed in prepare
 
     # -- phase 1 ------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -194,7 +196,7 @@ class DomainMigration:
         self.domain_xml = xml
         self.disks = writable_disks(xml)
         self.disk_formats = disk_formats(xml)
-        info = qmp.probe(self.dom)
+        info = self.qemu = qmp.probe(self.dom)
         req = o.request
         if req.storage == "copy":
             req = Request(**{**req.__dict__, "disks": tuple(self.disks)})
@@ -423,12 +425,10 @@ class DomainMigration:
         (:func:`livemig.engine.switch.switch`); stopped if the migration ends first."""
         if self.deferred is None:
             return await monitor.run()
-        end = DomainEnd(self.dom)
-        caps = await end.cmd("query-migrate-capabilities")
-        params = await end.cmd("query-migrate-parameters")
+        assert self.qemu is not None  # probed in prepare
         task = asyncio.ensure_future(switch(
-            end, self.deferred, self.run.encoding or {},
-            {c["capability"]: bool(c["state"]) for c in caps}, params, events))
+            DomainEnd(self.dom), self.deferred, self.run.encoding or {},
+            self.qemu.parameters, events))
         try:
             return await monitor.run()
         finally:
