@@ -490,10 +490,10 @@ def test_patched_knobs_through_passthrough(daemons: dict[str, str], tmp_path: Pa
         assert _where(name) == {"src": None, "dst": "running"}
         enc = rep["encoding"]  # sampled by the patched QEMU itself, through libvirt
         assert enc["encoding"] and enc["sampler"]["name"] == "qemu", enc
-        # ... beside the first pass (patch 0012): the stream started with lz4 and
-        # delta encoding, and switched to the choice or kept it; the destination QEMU
-        # libvirt started got the capability by -global
-        assert enc["started_with"] == "lz4-delta" and "switched" in enc, enc
+        # ... beside the first pass (patches 0012, 0013): the stream started with zstd
+        # keeping the delta cache, and switched to the choice or kept it; the
+        # destination QEMU libvirt started got the capability by -global
+        assert enc["started_with"] == "zstd" and "switched" in enc, enc
         assert "kept_because" not in enc, enc  # the guest is busy: the sample came in
         assert plan["destination_globals"]["x-multifd-compression-switch"] == "on"
         assert plan["source_passthrough"]["capabilities"][

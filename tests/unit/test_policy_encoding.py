@@ -18,6 +18,7 @@ from livemig.policy.encoding import (
     estimate,
     measure_codecs,
     pick,
+    start_choice,
 )
 from livemig.settings import resolve
 
@@ -202,3 +203,18 @@ def test_lz4_delta_is_lz4_multifd_with_the_delta_cache():
                  "x-multifd-lz4-delta-cache-size": 0})
     assert r.livemig["encoding"] == "lz4-delta"
     assert r.parameters["x-multifd-lz4-delta-cache-size"] == 256 << 20
+
+
+def test_a_switching_stream_starts_with_zstd_keeping_the_delta_cache():
+    """The start of a stream that switches once the sample is in (patches 0012, 0013):
+    zstd, with the delta cache the choice would get (so lz4-delta keeps it); a QEMU
+    without zstd starts with lz4-delta and the same cache."""
+    ctx = Context(guest_ram=3 << 30, codecs=frozenset({"zstd", "plain"}), delta=True,
+                  host_available=64 << 30)
+    c = start_choice(ctx)
+    assert c.encoding == "zstd"
+    assert c.applied()["multifd-compression"] == "zstd"
+    assert c.applied()[DELTA_KEY] == "4096M"  # the power of two that holds the RAM
+    no_zstd = start_choice(Context(guest_ram=3 << 30, codecs=frozenset({"plain"}),
+                                   delta=True, host_available=64 << 30))
+    assert no_zstd.encoding == "lz4-delta" and no_zstd.applied()[DELTA_KEY] == "4096M"

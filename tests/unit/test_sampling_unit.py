@@ -324,25 +324,25 @@ _SWITCH_PARAMS = {"downtime-limit": 300, encoding.DELTA_KEY: 0, "multifd-compres
 
 
 def test_ends_that_switch_codecs_start_at_once_and_choose_beside_the_first_pass():
-    """With x-multifd-compression-switch on both ends (patch 0012) the second plan
-    starts the stream with lz4 and delta encoding, and no sample is taken before the
-    migration; the deferred choice samples and switches: a guest that rewrites small
-    parts keeps the start (lz4-delta, the same cache), one that does not rewrite gets
-    zstd and delta encoding off."""
+    """With x-multifd-compression-switch on both ends (patches 0012, 0013) the second
+    plan starts the stream with zstd keeping the delta cache, and no sample is taken
+    before the migration; the deferred choice samples and switches: a guest that
+    rewrites small parts gets lz4 (delta encoding against the same cache), one that
+    does not rewrite keeps zstd and drops the cache."""
     for rewritten, chosen, sets in (
-            (300, "lz4-delta", []),
-            (0, "zstd", [{"multifd-compression": "zstd", encoding.DELTA_KEY: 0}])):
+            (300, "lz4-delta", [{"multifd-compression": "lz4"}]),
+            (0, "zstd", [{encoding.DELTA_KEY: 0}])):
         q = _switching_qemu(_reply(rewritten))
         events = EventStream()
         a = asyncio.run(adapt(q, _plan(), Hints(host_available=8 << 30, dst_switch=True),
                               events))
         assert a.deferred is not None and a.encoding is not None and a.encoding["deferred"]
         assert not [c for c in q.log if c[0] == "x-calc-ram-sample"]  # nothing sampled yet
-        assert a.plan.wanted["multifd-compression"] == "lz4" and a.plan.wanted[SWITCH_CAP] == "on"
+        assert a.plan.wanted["multifd-compression"] == "zstd" and a.plan.wanted[SWITCH_CAP] == "on"
         assert a.plan.wanted[encoding.DELTA_KEY] == "1024M"  # every page of the 1 GiB guest
         rec = asyncio.run(switch(q, a.deferred, a.encoding, _SWITCH_PARAMS,
                                  events))
-        assert rec["encoding"] == chosen and rec["started_with"] == "lz4-delta"
+        assert rec["encoding"] == chosen and rec["started_with"] == "zstd"
         assert rec["switched"] is bool(sets)
         assert [args for c, args in q.log if c == "migrate-set-parameters"] == sets
         assert [e["event"] for e in events.log] == [

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import livemig_cmd
 from livemig.engine import pinning
+from livemig.policy.encoding import DELTA_KEY
 from livemig.report import CONTRACT_KEYS
 from qemuhelp import (
     free_port,
@@ -104,9 +105,12 @@ def test_attach_migrates_verifies_resumes_and_restores(pair, tmp_path):
     assert rep["mode"] == "attach"
     if patched:  # the profile was applied
         assert rep["settings"]["livemig"]["throttle"] == "converge"
-        # both ends can switch codecs (patch 0012): the sample ran beside the first pass
+        # both ends can switch codecs (patches 0012, 0013): the sample ran beside the
+        # first pass, which zstd sent keeping the delta cache
         enc = rep["encoding"]
-        assert enc["started_with"] == "lz4-delta" and "switched" in enc, enc
+        assert enc["started_with"] == "zstd" and "switched" in enc, enc
+        start = next(e for e in rep["events"] if e["event"] == "encoding deferred")
+        assert start["applied"][DELTA_KEY] != "0", start
         assert rep["settings"]["capabilities"]["x-multifd-compression-switch"] is True
     else:
         assert rep["settings"]["capabilities"]["multifd"] is True

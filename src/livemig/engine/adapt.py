@@ -8,8 +8,8 @@ edited) plus what it decided and why, for the report:
   offers (:func:`sampler_for`), weighed by :mod:`livemig.policy.encoding` against the
   link, the CPUs left beside the vCPUs and the codecs this QEMU's multifd has;
 - with ``x-multifd-compression-switch`` on both ends (the patched build: qemu/patches/
-  0012) the sample does not hold the migration back: the second plan starts with lz4
-  and delta encoding (``encoding.start_choice``) and the capability, and
+  0012, 0013) the sample does not hold the migration back: the second plan starts with
+  zstd keeping lz4's delta cache (``encoding.start_choice``) and the capability, and
   :attr:`Adapted.deferred` takes the sample and makes the choice while the first pass
   runs (the engine switches the stream to it: :mod:`livemig.engine.switch`);
 - the throttle: the profile's own throttles (``converge``, ``reference``, ...) need the

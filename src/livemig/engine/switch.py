@@ -1,13 +1,13 @@
 """The stream's codec, chosen while the migration runs.
 
-With ``x-multifd-compression-switch`` on both ends (qemu/patches/0012) the migration
-starts with lz4 and delta encoding (:func:`~livemig.policy.encoding.start_choice`) and
-the page sample runs beside the first pass
-(:attr:`~livemig.engine.adapt.Adapted.deferred`); :func:`switch` then sets the chosen
-codec on the source, whose channels take it at their next packet. QEMU refuses what
-would break lz4's delta cache (resizing it, turning delta encoding on again after it
-was turned off), which this never asks: the choice's cache is the start's size, and
-the stream switches once.
+With ``x-multifd-compression-switch`` on both ends (qemu/patches/0012, 0013) the
+migration starts with zstd keeping lz4's delta cache
+(:func:`~livemig.policy.encoding.start_choice`) and the page sample runs beside the
+first pass (:attr:`~livemig.engine.adapt.Adapted.deferred`); :func:`switch` then sets
+the chosen codec on the source, whose channels take it at their next packet: lz4-delta
+finds every page sent so far in the cache, any other choice drops it. QEMU refuses what
+would break the delta cache (resizing it, making it again after it was dropped), which
+this never asks: the choice's cache is the start's size, and the stream switches once.
 
 Only the multifd codec settings change mid-stream (:data:`SWITCHED`); a choice that
 needs anything else (xbzrle, another channel count) is not applied and the report says
