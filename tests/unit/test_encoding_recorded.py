@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from livemig.policy.encoding import Context, Sample, choose_sample, rewrites_negligible
+from livemig.policy.encoding import (
+    Context,
+    Sample,
+    choose_sample,
+    decided_at_half_way,
+    rewrites_negligible,
+)
 from livemig.sampling import given
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "samples"
@@ -154,3 +160,26 @@ def test_a_guest_that_stopped_writing_is_decided_by_its_first_pass(family: str) 
         assert choose_sample(cut, gbit).encoding == choose_sample(idle, gbit).encoding
         slow = dataclasses.replace(_ctx(family), link_rate=10e6 / 8)
         assert not rewrites_negligible(cut, slow)
+
+
+@pytest.mark.parametrize("family", sorted(LINKS))
+def test_a_whole_page_writer_decided_at_the_half_way_look_gets_the_whole_samples_choice(
+        family: str) -> None:
+    """The half-way look also decides a guest that rewrites whole pages when the
+    choice is the same at half its dirty rate (``decided_at_half_way``). On every
+    recorded guest and on links from 100 Mbit/s to 10 Gbit/s: where that rule decides,
+    it chooses what the whole sample (the last look, an interval after the first)
+    chooses; it never decides a small writer (records, the busy database, the small
+    hot sets: their rewrites change a few % of a page); and it decides the whole-page
+    writers on their own links."""
+    for s in _recorded(family):
+        half = _half_way(s)
+        for link in (100e6 / 8, LINKS[family], 1e9 / 8, 10e9 / 8):
+            ctx = dataclasses.replace(_ctx(family), link_rate=link)
+            if decided_at_half_way(half, ctx) and not rewrites_negligible(half, ctx):
+                assert half.changed_share is not None and half.changed_share > 0.5, family
+                assert choose_sample(half, ctx).encoding == \
+                    choose_sample(s, ctx).encoding, (family, link)
+        if family.startswith("pages"):
+            assert decided_at_half_way(half, _ctx(family)), family
+            assert not rewrites_negligible(half, _ctx(family)), family

@@ -182,8 +182,11 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
         reading = asyncio.ensure_future(read_context())
         if isinstance(sampler, PeekSampler):
             async def settled(partial: encoding.Sample) -> bool:
-                return encoding.rewrites_negligible(partial, await asyncio.shield(reading))
-            # a guest that hardly rewrites is decided by its half-way look
+                known = dataclasses.replace(await asyncio.shield(reading),
+                                            auto_converge=auto_converge)
+                return encoding.decided_at_half_way(partial, known)
+            # a guest that hardly rewrites, or rewrites whole pages, is decided by its
+            # half-way look
             sampler.settled = settled
         try:
             try:
