@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,10 +87,12 @@ def make_qcow2(path: Path, size: int, writes: list[tuple[int, int]]) -> None:
         q.cmd("blockdev-add", driver="file", filename=str(path), **{"node-name": "f"})
         q.cmd("blockdev-create", **{"job-id": "c", "options": {
             "driver": "qcow2", "file": "f", "size": size}})
-        for _ in range(100):
-            jobs = q.cmd("query-jobs")
-            if all(j["status"] == "concluded" for j in jobs):
-                break
+        # the job runs in QEMU's main loop: on a loaded host 100 polls in a row were
+        # not enough for it to conclude (job-dismiss then refused a running job)
+        deadline = time.monotonic() + 30
+        while not all(j["status"] == "concluded" for j in q.cmd("query-jobs")):
+            assert time.monotonic() < deadline, "blockdev-create did not conclude in 30 s"
+            time.sleep(0.02)
         q.cmd("job-dismiss", id="c")
         q.cmd("blockdev-add", driver="qcow2", file="f", **{"node-name": "q"})
         for off, value in writes:
