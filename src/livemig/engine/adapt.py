@@ -174,17 +174,15 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
         # the context's queries (query-qmp-schema: ~0.1 s) while the sample waits for
         # its next look: the user waits for both before the migration starts
         async def read_context() -> encoding.Context:
-            if known is not None:
-                return known
-            await sampler.waiting.wait()
-            return await context(src, plan, hints)
+            if known is None:
+                await sampler.waiting.wait()
+            ctx = known if known is not None else await context(src, plan, hints)
+            return dataclasses.replace(ctx, auto_converge=auto_converge)
 
         reading = asyncio.ensure_future(read_context())
         if isinstance(sampler, PeekSampler):
             async def settled(partial: encoding.Sample) -> bool:
-                known = dataclasses.replace(await asyncio.shield(reading),
-                                            auto_converge=auto_converge)
-                return encoding.decided_at_half_way(partial, known)
+                return encoding.decided_at_half_way(partial, await asyncio.shield(reading))
             # a guest that hardly rewrites, or rewrites whole pages, is decided by its
             # half-way look
             sampler.settled = settled
@@ -200,7 +198,7 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
             if isinstance(e, LivemigError):
                 raise VMError(f"page sample ({sampler.name}): {e}") from e
             raise
-        ctx = dataclasses.replace(await reading, auto_converge=auto_converge)
+        ctx = await reading
         sampled = result.as_dict()
         choice = encoding.choose_sample(result.sample, ctx)
     elif want in encoding.ENCODINGS:

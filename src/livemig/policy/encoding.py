@@ -175,12 +175,10 @@ def start_choice(ctx: Context) -> Choice:
     twice (6.27 s against 5.61 s sampled first). A choice of zstd drops the cache.
     A QEMU built without zstd starts with lz4-delta instead."""
     cache = delta_cache(ctx)
-    if "zstd" not in ctx.codecs:
-        return Choice("lz4-delta", "until the sample is in: every page sent enters the "
-                      f"{cache >> 20} MiB delta cache (this QEMU has no zstd)",
-                      settings={DELTA_KEY: f"{cache >> 20}M"})
-    return Choice("zstd", "until the sample is in: every page sent enters the "
-                  f"{cache >> 20} MiB delta cache, for a switch to lz4-delta",
+    zstd = "zstd" in ctx.codecs
+    why = ", for a switch to lz4-delta" if zstd else " (this QEMU has no zstd)"
+    return Choice("zstd" if zstd else "lz4-delta", "until the sample is in: every page "
+                  f"sent enters the {cache >> 20} MiB delta cache{why}",
                   settings={DELTA_KEY: f"{cache >> 20}M"})
 
 
