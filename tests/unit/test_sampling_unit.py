@@ -20,7 +20,7 @@ from livemig.errors import VMError
 from livemig.policy import encoding
 from livemig.sampling.dirtyrate import ShortRate
 from livemig.sampling.layout import RamRange, parse_mtree
-from livemig.sampling.peek import PeekSampler, clusters
+from livemig.sampling.peek import MAX_LOOK, PeekSampler, clusters
 from livemig.sampling.qemu import QemuSampler, parse
 from livemig.sampling.readers import XpReader
 from livemig.settings import SWITCH_CAP, merge
@@ -56,13 +56,13 @@ class Guest:
     """Guest RAM in a bytearray: half zero, half text; a writer rewrites 64 bytes of
     some pages between the two looks."""
 
-    def __init__(self, size: int = 64 << 20) -> None:
+    def __init__(self, size: int = 64 << 20, every: int = 2) -> None:
         rng = random.Random(1)
         self.ram = bytearray(size)
         text = (b"UPDATE accounts SET balance = balance + 1 WHERE id = 42; " * 80)[:PAGE]
-        for p in range(0, size // PAGE, 2):
+        for p in range(0, size // PAGE, every):
             self.ram[p * PAGE:(p + 1) * PAGE] = text
-        self.hot = [p for p in range(0, size // PAGE, 2) if rng.random() < 0.3]
+        self.hot = [p for p in range(0, size // PAGE, every) if rng.random() < 0.3]
         self.reads = 0
 
     def write(self) -> None:
@@ -114,6 +114,23 @@ def test_a_guest_that_does_not_write_shows_no_rewrites():
     assert res.sample.rewritten == 0 and res.sample.kept >= 256
 
 
+def test_a_mostly_zero_guest_gets_more_clusters_until_the_sample_keeps_its_pages():
+    """One page in 8 written, as a freshly booted guest: the first 32 clusters show
+    ~64 non-zero pages of the 256 asked for, so the first look reads more clusters at
+    that share (at most MAX_LOOK times the first batch: 128 here, as many as needed)."""
+    g = Guest(every=8)
+    res = asyncio.run(PeekSampler("test", g.hmp, g.read).sample(256, 0.01))
+    batch = 2 * 256 // 16
+    assert batch < res.detail["first_look_calls"] <= MAX_LOOK * batch
+    assert res.sample.kept >= 224  # of the 256 asked for: the share drawn varies
+    assert res.sample.looked == 16 * res.detail["first_look_calls"]
+    dense = asyncio.run(PeekSampler("test", Guest().hmp, Guest().read).sample(256, 0.01))
+    assert dense.detail["first_look_calls"] <= batch + 4  # half non-zero: ~enough already
+    empty = Guest(every=1 << 30)  # nothing written: nothing more to find
+    res = asyncio.run(PeekSampler("test", empty.hmp, empty.read).sample(256, 0.01))
+    assert res.detail["first_look_calls"] == batch and res.sample.kept == 0
+
+
 def _settled_by_the_model(link_rate: float) -> Any:
     """The engine's check (adapt): the model on a 1 GiB guest at ``link_rate``; the
     samples it was asked about are kept."""
@@ -135,7 +152,8 @@ def test_a_guest_that_does_not_write_is_decided_at_the_half_way_look():
     assert res.sample.mid_rewritten is None  # the half-way look is the last
     assert g.reads == res.detail["calls"]
     full = asyncio.run(PeekSampler("test", g.hmp, g.read).sample(256, 0.2))
-    first_look = 2 * 256 // 16
+    first_look = res.detail["first_look_calls"]
+    assert full.detail["first_look_calls"] == first_look
     # the kept clusters read once again, not twice
     assert full.detail["calls"] - first_look == 2 * (res.detail["calls"] - first_look)
     assert res.wall_s < full.wall_s - 0.05  # the interval's second half is not waited
