@@ -119,6 +119,11 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
         "off|auto-converge|reference|direct|staged|converge|dirty-limit"),
     "downtime-ramp": LivemigSetting(False, _onoff,
                                     "raise downtime-limit while rounds do not shrink"),
+    "switchover-bandwidth": LivemigSetting(
+        False, _onoff, "once the first pass is over, set QEMU's avail-switchover-bandwidth "
+        "to the rate the pass achieved, so that the switchover does not wait on QEMU's "
+        "estimate of the last 100 ms (which falls near zero when the last rounds carry a "
+        "few pages each)"),
     "max-downtime": LivemigSetting(1000, _number(1, 600_000, int),
                                    "ceiling of the downtime ramp, ms (1 to 600000)"),
     "on-stall": LivemigSetting("force", _choice("force", "abort", "postcopy"),
@@ -219,9 +224,11 @@ PROFILES: dict[str, dict[str, str]] = {
     # Everything livemig has, on: the stream encoding chosen from the guest's pages,
     # the link and the CPU (lz4 delta for small writes), the converge throttle
     # through the patched set-cpu-throttle instead of auto-converge's ladder, a
-    # downtime ramp, and a forced switchover as the last resort.
+    # downtime ramp, the first pass's rate for QEMU's switchover decision, and a
+    # forced switchover as the last resort.
     "livemig": {"encoding": "auto", "throttle": "converge",
-                "downtime-ramp": "on", "max-downtime": "1000", "on-stall": "force",
+                "downtime-ramp": "on", "max-downtime": "1000",
+                "switchover-bandwidth": "on", "on-stall": "force",
                 "io-qos": "on", "pin": "auto", "disk-schedule": "first",
                 "disk-granularity": "auto", "disk-copy-mode": "ready",
                 "switchover-drain": "auto"},

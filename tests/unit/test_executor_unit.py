@@ -46,6 +46,9 @@ class Recorder:
     async def set_ram_bandwidth(self, bytes_per_s: int) -> None:
         self._call("bandwidth", bytes_per_s)
 
+    async def set_switchover_bandwidth(self, bytes_per_s: int) -> None:
+        self._call("switchover", bytes_per_s)
+
     async def start_postcopy(self) -> None:
         self._call("postcopy")
 
@@ -174,6 +177,7 @@ def test_qmp_actuator_commands() -> None:
         await act.set_throttle(0, 1000)
         await act.set_downtime(500)
         await act.set_ram_bandwidth(8 * MB)
+        await act.set_switchover_bandwidth(40 * MB)
         await act.start_postcopy()
         await act.set_mirror_speed(5 * MB)
         await act.set_io_throttle(MB)
@@ -184,6 +188,7 @@ def test_qmp_actuator_commands() -> None:
         ("cancel-cpu-throttle", {}),
         ("migrate-set-parameters", {"downtime-limit": 500}),
         ("migrate-set-parameters", {"max-bandwidth": 8 * MB}),
+        ("migrate-set-parameters", {"avail-switchover-bandwidth": 40 * MB}),
         ("migrate-start-postcopy", {}),
         ("block-job-set-speed", {"device": "job0", "speed": 5 * MB}),
         ("block_set_io_throttle", {"id": "/machine/peripheral/d0/virtio-backend", "bps": 0,

@@ -259,3 +259,23 @@ def test_plan_leaves_rounds_that_shrink_slowly_alone_when_waiting_costs_less():
     # 0.95 a round would need ~68 rounds: beyond MAX_FREE_ROUNDS, a light throttle
     theta, rounds = plan(t_round=0.64, free=0.95, target=0.033)
     assert 0.0 < theta < 0.3 and rounds == MAX_ROUNDS
+
+
+def test_the_set_switchover_bandwidth_is_the_budget_when_qemus_estimate_collapses():
+    """The tail of a throttled run (recorded: the records guest, 50 MiB/s): the last
+    rounds carry a few pages, QEMU's wire rate over 100 ms falls to kB/s and, with it,
+    the budget; with avail-switchover-bandwidth set (the first pass's rate) the budget
+    is that rate × the limit, and a remainder inside it needs no throttle."""
+    def run(p: ConvergeThrottle) -> list[object]:
+        kw = {"dirty_rate": 60 * MB, "page_rate": 40 * MB}
+        p.decide(Snapshot(t=0, rounds=1, remaining=900 * MB, bandwidth=48 * MB, **kw))
+        p.decide(Snapshot(t=5, rounds=2, remaining=200 * MB, bandwidth=48 * MB, **kw))
+        p.decide(Snapshot(t=6, rounds=3, remaining=60 * MB, bandwidth=48 * MB, **kw))
+        tail = {"dirty_rate": 60 * MB, "page_rate": 40e3}
+        return p.decide(Snapshot(t=6.5, rounds=4, remaining=7 * MB, bandwidth=30e3, **tail))
+
+    told = ConvergeThrottle(300)
+    told.set_switchover_bandwidth(48 * MB)
+    assert run(told) == []  # 7 MiB fits 48 MiB/s × 0.3 s
+    alone = run(ConvergeThrottle(300))
+    assert alone and isinstance(alone[-1], SetThrottle) and alone[-1].percent >= DEEP

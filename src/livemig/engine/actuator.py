@@ -39,6 +39,10 @@ class Actuator(Protocol):
 
     async def set_ram_bandwidth(self, bytes_per_s: int) -> None: ...
 
+    async def set_switchover_bandwidth(self, bytes_per_s: int) -> None:
+        """QEMU's avail-switchover-bandwidth (the end puts it back afterwards, as the
+        other migration parameters)."""
+
     async def start_postcopy(self) -> None: ...
 
     async def set_mirror_speed(self, bytes_per_s: int) -> None:

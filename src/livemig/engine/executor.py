@@ -28,13 +28,19 @@ from livemig.policy.base import (
     SetIoThrottle,
     SetMirrorSpeed,
     SetRamBandwidth,
+    SetSwitchoverBandwidth,
     SetThrottle,
     Snapshot,
     StartPostcopy,
     StrategyExhausted,
 )
 from livemig.policy.converge import ConvergeThrottle
-from livemig.policy.convergence import DowntimeRamp, LastResort, PostcopyAfter
+from livemig.policy.convergence import (
+    DowntimeRamp,
+    LastResort,
+    PostcopyAfter,
+    SwitchoverBandwidth,
+)
 from livemig.policy.disk import IoQos, LinkShare
 from livemig.policy.throttle import ThrottlePolicy
 
@@ -47,6 +53,9 @@ THROTTLE_LEASE_MS = 1000
 # livemig's own throttles (the patched set-cpu-throttle); the others are QEMU's
 POLICY_THROTTLES = ("reference", "direct", "staged", "converge")
 
+# the QEMU parameter the switchover-bandwidth policy sets (QEMU 8.2 on)
+SWITCHOVER_BW = "avail-switchover-bandwidth"
+
 Record = Callable[[str, dict[str, Any]], None]
 
 
@@ -58,6 +67,7 @@ class PolicyConfig:
     downtime_ms: int = 300  # the downtime limit the migration starts with
     downtime_ramp: bool = False
     max_downtime: int = 1000
+    switchover_bandwidth: bool = False  # set QEMU's avail-switchover-bandwidth
     on_stall: str = "force"
     postcopy_after: float = 0.0  # seconds of pre-copy, then post-copy (0: never)
     disk_copy: bool = False  # the caller copies the disk (the disk policies may run)
@@ -75,6 +85,7 @@ class PolicyConfig:
         return cls(throttle=str(settings.get("throttle", "off")), downtime_ms=downtime_ms,
                    downtime_ramp=bool(settings.get("downtime-ramp", False)),
                    max_downtime=int(settings.get("max-downtime", 1000)),
+                   switchover_bandwidth=bool(settings.get("switchover-bandwidth", False)),
                    on_stall=str(settings.get("on-stall", "force")),
                    postcopy_after=float(settings.get("postcopy-after", 0.0)),
                    disk_copy=disk_link is not None, disk_link=disk_link,
@@ -100,6 +111,8 @@ class PolicyExecutor:
             self.policies.append(ThrottlePolicy(cfg.throttle))
         if cfg.downtime_ramp:
             self.policies.append(DowntimeRamp(cfg.downtime_ms, cfg.max_downtime))
+        if cfg.switchover_bandwidth:
+            self.policies.append(SwitchoverBandwidth(cfg.ram_cap))
         if cfg.disk_copy and cfg.disk_link is not None and cfg.disk_schedule == "first":
             self.policies.append(LinkShare(cfg.disk_link, cfg.ram_cap))
         if cfg.disk_copy and cfg.io_qos:
@@ -109,6 +122,7 @@ class PolicyExecutor:
         self.last_resort = LastResort(cfg.on_stall)
         self.throttle_pct = 0
         self.io_cap = 0
+        self.switchover_bw = 0
 
     @property
     def active(self) -> bool:
@@ -144,14 +158,24 @@ class PolicyExecutor:
             await self._act(name, act.set_downtime(a.ms))
         elif isinstance(a, StartPostcopy):
             await self._act(name, act.start_postcopy())
+        elif isinstance(a, SetSwitchoverBandwidth):
+            await self._switchover_bandwidth(name, a.bytes_per_s)
         elif isinstance(a, SetRamBandwidth):
             await self._act(name, act.set_ram_bandwidth(a.bytes_per_s))
+            if 0 < a.bytes_per_s < self.switchover_bw:  # the stream may not go faster
+                await self._switchover_bandwidth("lower switchover bandwidth", a.bytes_per_s)
         elif isinstance(a, SetMirrorSpeed):
             await self._act(name, act.set_mirror_speed(a.bytes_per_s))
         elif isinstance(a, SetIoThrottle):
             self.io_cap = a.write_bytes_per_s
             await self._act(name, act.set_io_throttle(a.write_bytes_per_s))
         # AbortMigration, ForceSwitchover, StrategyExhausted: the verdict carries them
+
+    async def _switchover_bandwidth(self, what: str, bytes_per_s: int) -> None:
+        if await self._act(what, self.actuator.set_switchover_bandwidth(bytes_per_s)):
+            self.switchover_bw = bytes_per_s
+            if self.converge is not None:
+                self.converge.set_switchover_bandwidth(bytes_per_s)
 
     async def _act(self, what: str, call: Awaitable[None]) -> bool:
         """Await one actuator call; a refusal is recorded, not a failure of the run

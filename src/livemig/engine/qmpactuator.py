@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from livemig.engine.actuator import DiskTargets, NotApplied
-from livemig.engine.executor import POLICY_THROTTLES
+from livemig.engine.executor import POLICY_THROTTLES, SWITCHOVER_BW
 from livemig.errors import UsageError, VMError
 
 THROTTLE_SET = "set-cpu-throttle"
@@ -56,6 +56,9 @@ class QmpActuator:
 
     async def set_ram_bandwidth(self, bytes_per_s: int) -> None:
         await self._try("migrate-set-parameters", **{"max-bandwidth": bytes_per_s})
+
+    async def set_switchover_bandwidth(self, bytes_per_s: int) -> None:
+        await self._try("migrate-set-parameters", **{SWITCHOVER_BW: bytes_per_s})
 
     async def start_postcopy(self) -> None:
         await self._try("migrate-start-postcopy")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -33,7 +34,7 @@ from livemig.engine.actuator import DiskTargets
 from livemig.engine.adapt import Deferred
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
-from livemig.engine.executor import PolicyConfig, PolicyExecutor
+from livemig.engine.executor import SWITCHOVER_BW, PolicyConfig, PolicyExecutor
 from livemig.engine.monitor import Monitor
 from livemig.engine.negotiate import Negotiated, apply, negotiate, restore
 from livemig.engine.observe import TERMINAL, Observation
@@ -185,9 +186,12 @@ class Engine:
         disk = self.hooks.disk_targets()
         downtime = int(self.neg.parameters.get("downtime-limit",
                                                params.get("downtime-limit", 300)))
+        cfg = PolicyConfig.from_settings(lm, downtime, ram_cap=p.bandwidth,
+                                         disk_link=p.disk_link if disk else None)
+        if SWITCHOVER_BW in p.explicit:  # the user's own value stays
+            cfg = dataclasses.replace(cfg, switchover_bandwidth=False)
         self.executor = PolicyExecutor(
-            PolicyConfig.from_settings(lm, downtime, disk_link=p.disk_link if disk else None,
-                                       ram_cap=p.bandwidth),
+            cfg,
             QmpActuator(self.src.cmd, disk), lambda what, data: self.events.event(what, **data))
         await self._plan_pinning(str(lm.get("pin", "off")))
         if self.guardian_dir is not None:  # before the first setting is changed

@@ -96,6 +96,14 @@ class SetRamBandwidth(Action):
 
 
 @dataclass(frozen=True)
+class SetSwitchoverBandwidth(Action):
+    """QEMU's ``avail-switchover-bandwidth``: the rate its switchover decision assumes
+    instead of its own estimate of the last 100 ms."""
+
+    bytes_per_s: int
+
+
+@dataclass(frozen=True)
 class SetMirrorSpeed(Action):
     bytes_per_s: int  # 0 = unlimited
 

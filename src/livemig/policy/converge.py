@@ -100,6 +100,12 @@ class ConvergeThrottle:
         self._ratio = 0.0  # R_k / R_{k-1} seen at the last round's start
         self._at_max = 0
         self._peak = 0.0  # the fastest drain seen so far (bytes/s)
+        self.switchover_w = 0.0  # avail-switchover-bandwidth once set: QEMU's W
+
+    def set_switchover_bandwidth(self, bytes_per_s: int) -> None:
+        """QEMU's switchover decision now uses this rate, not its estimate: so does the
+        budget."""
+        self.switchover_w = float(bytes_per_s)
 
     def set_downtime(self, ms: int) -> None:
         """The downtime ramp raised the limit: aim at the new one."""
@@ -126,7 +132,9 @@ class ConvergeThrottle:
         prev_len = s.t - last_t
         prev = self._prev
         self._prev = (prev_len, s.remaining)
-        return self._round_start(s, b, min(w, b) if w > 0 else b, prev_len, prev)
+        if self.switchover_w <= 0:  # QEMU estimates W itself: the wire rate, at most B
+            w = min(w, b) if w > 0 else b
+        return self._round_start(s, b, self.switchover_w or w, prev_len, prev)
 
     def _round_start(self, s: Snapshot, b: float, w: float, prev_len: float,
                      prev: tuple[float, int] | None) -> list[Action]:

@@ -25,7 +25,14 @@ from typing import Any
 
 from livemig.engine.actuator import NotApplied
 from livemig.virt.conn import LibvirtError
-from livemig.virt.plan import LEASE_PARAM, THROTTLE_CANCEL, THROTTLE_COMMAND, THROTTLE_PARAM, mib
+from livemig.virt.plan import (
+    LEASE_PARAM,
+    SWITCHOVER_BW,
+    THROTTLE_CANCEL,
+    THROTTLE_COMMAND,
+    THROTTLE_PARAM,
+    mib,
+)
 
 # query-block's throttle fields: all 0 means the disk has no I/O limits of its own
 THROTTLE_FIELDS = ("bps", "bps_rd", "bps_wr", "iops", "iops_rd", "iops_wr")
@@ -108,6 +115,10 @@ class LibvirtActuator:
     async def set_ram_bandwidth(self, bytes_per_s: int) -> None:
         self._libvirt("migrateSetMaxSpeed",
                       lambda: self.dom.migrateSetMaxSpeed(mib(bytes_per_s), 0))
+
+    async def set_switchover_bandwidth(self, bytes_per_s: int) -> None:
+        # libvirt 9.0 has no API for it: the monitor passthrough (the run restores it)
+        self._passthrough("migrate-set-parameters", **{SWITCHOVER_BW: bytes_per_s})
 
     async def start_postcopy(self) -> None:
         self._libvirt("migrateStartPostCopy", lambda: self.dom.migrateStartPostCopy(0))

@@ -89,6 +89,8 @@ FLAG_NAMES = {LIVE: "live", PEER2PEER: "peer2peer", PERSIST_DEST: "persist_dest"
               TLS: "tls", PARALLEL: "parallel", ZEROCOPY: "zerocopy"}
 
 P_BANDWIDTH = "bandwidth"  # MiB/s
+# what the switchover-bandwidth policy sets through the passthrough (QEMU 8.2 on)
+SWITCHOVER_BW = "avail-switchover-bandwidth"
 P_BANDWIDTH_POSTCOPY = "bandwidth.postcopy"  # MiB/s too
 P_COMPRESSION = "compression"
 P_XBZRLE_CACHE = "compression.xbzrle.cache"
@@ -220,6 +222,8 @@ class Plan:
     disk_check: str = "auto"  # auto | nbd | file | stream (copied disks, --storage copy)
     io_qos: bool = False  # cap guest writes to the copied disks while the copy lags
     drain: bool = False  # x-switchover-drain (and return-path) set on the source
+    # the executor sets avail-switchover-bandwidth after the first pass (passthrough)
+    switchover_bandwidth: bool = False
 
     def flag_names(self) -> list[str]:
         return [n for f, n in FLAG_NAMES.items() if self.flags & f]
@@ -238,6 +242,7 @@ class Plan:
                 "ram_check": ("in-stream digest" if self.ram_check
                               else f"off: {self.ram_check_why}"),
                 "disk_check": self.disk_check, "io_qos": self.io_qos,
+                "switchover_bandwidth": self.switchover_bandwidth,
                 "switchover_drain": self.drain}
 
 
@@ -394,6 +399,11 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
         # the destination loads each packet with the codec that sent it: libvirt starts
         # that QEMU and sets its capabilities itself, so it gets this one by -global
         dst_globals[SWITCH_CAP] = "on"
+    switchover_bw = bool(lm.get("switchover-bandwidth")) and SWITCHOVER_BW not in src_qmp
+    if switchover_bw and SWITCHOVER_BW not in qemu.parameters:
+        switchover_bw = False
+        notes.append(f"switchover-bandwidth not applied: the domain's QEMU has no "
+                     f"{SWITCHOVER_BW} parameter (QEMU 8.2 added it)")
     ram_check, why = _ram_check(qemu, req, flags, src_caps, ram_check_budget_s(lm))
     if ram_check:
         src_caps[RAM_CHECK_CAP] = True
@@ -410,7 +420,7 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
                 poll_interval=float(lm["poll-interval"]), notes=tuple(notes),
                 stall_timeout=float(lm["stall-timeout"]), ram_check=ram_check,
                 ram_check_why=why, disk_check=str(lm["disk-check"]),
-                io_qos=io_qos, drain=drain)
+                io_qos=io_qos, drain=drain, switchover_bandwidth=switchover_bw)
 
 
 def _drain(mode: str, qemu: QemuInfo, notes: list[str]) -> bool:

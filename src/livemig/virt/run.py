@@ -60,6 +60,7 @@ from livemig.virt.plan import (
     POSTCOPY,
     RAM_CHECK_CAP,
     STREAM_PARAMS,
+    SWITCHOVER_BW,
     Plan,
     QemuInfo,
     Request,
@@ -234,7 +235,8 @@ class DomainMigration:
         cfg = PolicyConfig(throttle=plan.throttle, downtime_ms=start,
                            downtime_ramp=plan.downtime_ramp, max_downtime=plan.max_downtime,
                            on_stall=plan.on_stall, postcopy_after=plan.postcopy_after,
-                           disk_copy=bool(io), io_qos=bool(io))
+                           switchover_bandwidth=plan.switchover_bandwidth,
+                           ram_cap=o.request.bandwidth, disk_copy=bool(io), io_qos=bool(io))
         self.executor = PolicyExecutor(cfg, self.actuator,
                                        lambda what, data: self.run.event(what, **data))
         with contextlib.suppress(self.libvirt.libvirtError):
@@ -315,6 +317,8 @@ class DomainMigration:
             caps = qmp.current_capabilities(self.dom)
         self.restore_caps = {k: caps[k] for k in plan.src_caps if k in caps}
         self.restore_params = {k: current[k] for k in plan.src_qmp if k in current}
+        if plan.switchover_bandwidth and SWITCHOVER_BW in current:  # set mid-run
+            self.restore_params[SWITCHOVER_BW] = current[SWITCHOVER_BW]
         # from here on livemig may change the domain: should it die, its guard puts
         # back what the journal records (and resumes a destination held paused)
         self.guard = hold.start(self.opts.domain, self.opts.dst_uri, self.opts.src_uri,
