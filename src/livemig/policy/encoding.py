@@ -132,9 +132,11 @@ _COMPRESS: dict[str, Callable[[bytes], bytes]] = {
     "zstd": zstandard.ZstdCompressor(level=1).compress,
     "lz4": lambda b: lz4.block.compress(b, store_size=False),
 }
-# A codec at another level than QEMU's default, measured on the same pages wherever
-# the sampler sees page content (not QEMU's own sampler: it measures its codecs at
-# their defaults): the codec it belongs to and the settings that select it. zstd's own
+# A codec at another level than QEMU's default, measured on the same pages (the peek
+# and file samplers here, the patched QEMU's sampler itself: qemu/patches/0015): the
+# codec it belongs to and the settings that select it. A running stream takes a new
+# zstd level at its next frame (0014), so the patched build's deferred choice may set
+# it too. zstd's own
 # default level, 3, sent 7 % fewer bytes than QEMU's 1 on mixed pages at 0.75× its
 # speed (the agent's fill=mixed: ratio 2.45 against 2.32); on a link-bound stream with
 # a CPU to spare that is 7 % less time (stock 10.2.2, whole-page writer at 50 MiB/s:
