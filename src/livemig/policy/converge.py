@@ -132,9 +132,13 @@ class ConvergeThrottle:
         prev_len = s.t - last_t
         prev = self._prev
         self._prev = (prev_len, s.remaining)
-        if self.switchover_w <= 0:  # QEMU estimates W itself: the wire rate, at most B
-            w = min(w, b) if w > 0 else b
-        return self._round_start(s, b, self.switchover_w or w, prev_len, prev)
+        if self.switchover_w > 0:
+            w = self.switchover_w  # QEMU's switchover decision takes it as it is
+        elif w > 0:
+            w = min(w, b)  # QEMU's own estimate: the wire rate, at most the page rate
+        else:
+            w = b
+        return self._round_start(s, b, w, prev_len, prev)
 
     def _round_start(self, s: Snapshot, b: float, w: float, prev_len: float,
                      prev: tuple[float, int] | None) -> list[Action]:

@@ -3,7 +3,7 @@
 Decided from a sample of the guest's memory (two looks at the same random pages a
 moment apart, straight from the shared RAM backing file), weighed against what the
 stream can use (the link or ``--bandwidth``) and the host CPUs the migration threads
-get beside the vCPUs. Every encoding the QEMU has — ``zstd`` level 1, ``lz4``,
+get beside the vCPUs. Every encoding the QEMU has — ``zstd`` at levels 1 and 3, ``lz4``,
 ``plain`` multifd and, with the patched QEMU, ``lz4-delta`` (re-sent pages as XOR
 deltas inside the lz4 multifd channels) — is timed here on the sampled pages packed
 like multifd packets (deltas on the XOR of the two looks), and a small model of
@@ -136,12 +136,11 @@ _COMPRESS: dict[str, Callable[[bytes], bytes]] = {
 # and file samplers here, the patched QEMU's sampler itself: qemu/patches/0015): the
 # codec it belongs to and the settings that select it. A running stream takes a new
 # zstd level at its next frame (0014), so the patched build's deferred choice may set
-# it too. zstd's own
-# default level, 3, sent 7 % fewer bytes than QEMU's 1 on mixed pages at 0.75× its
-# speed (the agent's fill=mixed: ratio 2.45 against 2.32); on a link-bound stream with
-# a CPU to spare that is 7 % less time (stock 10.2.2, whole-page writer at 50 MiB/s:
-# 3.63 s / 205 MiB against 3.92 s / 220 MiB), and on a CPU-bound one it loses.
-# Higher levels gain ~1 % more for half the speed again.
+# it too. zstd's own default level, 3, packs the agent's mixed pages 6 % tighter than
+# QEMU's 1 at 0.75× its speed (ratio 2.45 against 2.32); on a link-bound stream with a
+# CPU to spare that is ~6 % less time (stock 10.2.2, whole-page writer at 50 MiB/s:
+# 3.70 s / 206 MiB against 3.92 s / 220 MiB, docs/results/handstarted-2026-11-28f), and
+# on a CPU-bound one it loses. Higher levels gain ~1 % more for half the speed again.
 LEVELS: dict[str, tuple[str, dict[str, str]]] = {
     "zstd-3": ("zstd", {"multifd-zstd-level": "3"}),
 }
@@ -162,7 +161,7 @@ def measure_codecs(pages: list[bytes], names: frozenset[str],
     until ``min_time`` of this thread's CPU: one pass over a sample's first look (4
     MiB: 7-11 ms with zstd), a few over its rewritten pages. On a host whose vCPUs
     leave no core spare, every millisecond here is the guest's: at 20 ms per codec the
-    peek samplers spent ~0.25 s of CPU on timings per sample."""
+    peek samplers spent ~0.16 s of CPU on timings per sample, now ~0.05 s."""
     packets = [b"".join(pages[i:i + PACKET_PAGES]) for i in range(0, len(pages), PACKET_PAGES)]
     size = sum(len(p) for p in packets)
     out = {"plain": Codec(1.0, PLAIN_SPEED)}
