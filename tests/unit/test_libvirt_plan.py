@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from livemig.engine.executor import SWITCHOVER_BW
 from livemig.engine.observe import POLICY_STATES, Observation
 from livemig.errors import UsageError
 from livemig.policy.base import Snapshot
@@ -324,17 +325,17 @@ def test_drain_without_the_patch_is_said_or_refused() -> None:
 
 
 def test_switchover_bandwidth_where_the_qemu_has_the_parameter() -> None:
-    new = P.QemuInfo(STOCK_CAPS, {**STOCK_PARAMS, P.SWITCHOVER_BW: 0}, STOCK.commands)
+    new = P.QemuInfo(STOCK_CAPS, {**STOCK_PARAMS, SWITCHOVER_BW: 0}, STOCK.commands)
     p = plan_for("livemig", qemu=new)
     assert p.switchover_bandwidth and p.as_dict()["switchover_bandwidth"]
-    assert P.SWITCHOVER_BW not in p.src_qmp  # set by the executor, after the first pass
+    assert SWITCHOVER_BW not in p.src_qmp  # set by the executor, after the first pass
     old = plan_for("livemig", qemu=STOCK)  # a QEMU before 8.2
     assert not old.switchover_bandwidth
     assert any(n.startswith("switchover-bandwidth not applied") for n in old.notes)
     assert not plan_for("upstream", qemu=new).switchover_bandwidth
     # the user's own value is passed through and left alone
-    mine = plan_for("livemig", {P.SWITCHOVER_BW: "1000000"}, qemu=new)
-    assert not mine.switchover_bandwidth and mine.src_qmp[P.SWITCHOVER_BW] == 1000000
+    mine = plan_for("livemig", {SWITCHOVER_BW: "1000000"}, qemu=new)
+    assert not mine.switchover_bandwidth and mine.src_qmp[SWITCHOVER_BW] == 1000000
 
 
 def test_io_qos_with_copied_storage_and_said_without() -> None:

@@ -24,15 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from livemig.engine.actuator import NotApplied
+from livemig.engine.executor import SWITCHOVER_BW
 from livemig.virt.conn import LibvirtError
-from livemig.virt.plan import (
-    LEASE_PARAM,
-    SWITCHOVER_BW,
-    THROTTLE_CANCEL,
-    THROTTLE_COMMAND,
-    THROTTLE_PARAM,
-    mib,
-)
+from livemig.virt.plan import LEASE_PARAM, THROTTLE_CANCEL, THROTTLE_COMMAND, THROTTLE_PARAM, mib
 
 # query-block's throttle fields: all 0 means the disk has no I/O limits of its own
 THROTTLE_FIELDS = ("bps", "bps_rd", "bps_wr", "iops", "iops_rd", "iops_wr")

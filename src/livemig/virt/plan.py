@@ -54,6 +54,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from livemig.engine.executor import SWITCHOVER_BW
 from livemig.errors import UsageError
 from livemig.settings import (
     DRAIN_CAP,
@@ -89,8 +90,6 @@ FLAG_NAMES = {LIVE: "live", PEER2PEER: "peer2peer", PERSIST_DEST: "persist_dest"
               TLS: "tls", PARALLEL: "parallel", ZEROCOPY: "zerocopy"}
 
 P_BANDWIDTH = "bandwidth"  # MiB/s
-# what the switchover-bandwidth policy sets through the passthrough (QEMU 8.2 on)
-SWITCHOVER_BW = "avail-switchover-bandwidth"
 P_BANDWIDTH_POSTCOPY = "bandwidth.postcopy"  # MiB/s too
 P_COMPRESSION = "compression"
 P_XBZRLE_CACHE = "compression.xbzrle.cache"

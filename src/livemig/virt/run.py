@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from livemig.engine.adapt import Deferred
 from livemig.engine.events import EventStream, progress_listener
-from livemig.engine.executor import PolicyConfig, PolicyExecutor
+from livemig.engine.executor import SWITCHOVER_BW, PolicyConfig, PolicyExecutor
 from livemig.engine.monitor import Monitor, Terminal
 from livemig.engine.observe import Observation
 from livemig.engine.plan import Plan as EnginePlan
@@ -60,7 +60,6 @@ from livemig.virt.plan import (
     POSTCOPY,
     RAM_CHECK_CAP,
     STREAM_PARAMS,
-    SWITCHOVER_BW,
     Plan,
     QemuInfo,
     Request,
