@@ -131,6 +131,19 @@ def test_a_mostly_zero_guest_gets_more_clusters_until_the_sample_keeps_its_pages
     assert res.detail["first_look_calls"] == batch and res.sample.kept == 0
 
 
+def test_a_slow_reader_gets_no_more_clusters_than_fit_its_time() -> None:
+    """The same sparse guest through a reader as slow as HMP xp on a busy host (50 ms a
+    read, 8 in flight): its first batch alone takes TOP_UP_S, so nothing is added."""
+    g = Guest(every=8)
+
+    async def slow(gpa: int, size: int) -> bytes:
+        await asyncio.sleep(0.05)
+        return await g.read(gpa, size)
+    res = asyncio.run(PeekSampler("test", g.hmp, slow).sample(256, 0.01))
+    assert res.detail["first_look_calls"] == 2 * 256 // 16
+    assert res.sample.kept < 256
+
+
 def _settled_by_the_model(link_rate: float) -> Any:
     """The engine's check (adapt): the model on a 1 GiB guest at ``link_rate``; the
     samples it was asked about are kept."""

@@ -15,9 +15,11 @@ the dirty rate.
 A guest whose RAM is mostly zero (a 1 GiB guest with 250 MiB written: ~500 non-zero
 pages of the first 2048 looked at) gets more clusters in its first look, at the share
 of non-zero pages the first ones showed, until the sample keeps its non-zero pages or
-:data:`MAX_LOOK` clusters were read: rewrites are counted among the kept pages only,
-and with half of them the half-way look of a whole-page writer found fewer than
-``MIN_SAMPLES`` rewritten in 2 runs of 3 (docs/results/handstarted-2026-11-28e).
+:data:`MAX_LOOK` times the first batch were read, as many as the reader manages within
+:data:`TOP_UP_S` (a slow reader, HMP ``xp`` at ~10 ms a cluster, stays near its first
+batch): rewrites are counted among the kept pages only, and with half of them the
+half-way look of a whole-page writer found fewer than ``MIN_SAMPLES`` rewritten in 2
+runs of 3 (docs/results/handstarted-2026-11-28e).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ PIPELINE = 8
 # clusters a first look reads at most, as multiples of the ``2 × pages / cluster`` it
 # starts with: 0.3 ms a pmemsave call here, so the whole first look stays near 0.15 s
 MAX_LOOK = 4
+# ... and only as many as fit this long after the first look started, at the reader's
+# own pace in the first batch: pmemsave's 512 reads take ~0.15 s
+TOP_UP_S = 0.2
 
 ZERO = bytes(PAGE)
 Read = Callable[[int, int], Awaitable[bytes]]  # (gpa, size) -> bytes
@@ -154,7 +159,9 @@ class PeekSampler:
                 if nz:
                     first[gpa] = (t, split)
             calls += len(todo)
-            todo = sorted(drawn[calls:calls + _more(pages, nonzero, calls)])
+            spent = time.monotonic() - t0
+            affordable = int(max(0.0, TOP_UP_S - spent) * calls / max(spent, 1e-6))
+            todo = sorted(drawn[calls:calls + min(affordable, _more(pages, nonzero, calls))])
         first_calls = calls
         kept_gpas = sorted(first)
         # keep whole clusters until `pages` non-zero pages are kept
