@@ -7,35 +7,59 @@ import asyncio
 
 from livemig.engine.executor import PolicyConfig, PolicyExecutor
 from livemig.policy.base import SetRamBandwidth, SetSwitchoverBandwidth, Snapshot
-from livemig.policy.convergence import SwitchoverBandwidth
+from livemig.policy.convergence import WINDOW, SwitchoverBandwidth
 
 MB = 1 << 20
 
 
-def snap(t: float, rounds: int, bandwidth: float) -> Snapshot:
-    return Snapshot(t=t, rounds=rounds, remaining=100 * MB, dirty_rate=0,
+def snap(t: float, rounds: int, bandwidth: float, remaining: int = 100 * MB) -> Snapshot:
+    return Snapshot(t=t, rounds=rounds, remaining=remaining, dirty_rate=0,
                     bandwidth=bandwidth)
 
 
-def test_set_once_after_the_first_pass_to_its_median_wire_rate() -> None:
+def test_set_after_the_first_pass_to_the_median_of_its_busy_polls() -> None:
     p = SwitchoverBandwidth()
     # a slow start, a busy pass, a poll with no figure yet
     for t, bw in enumerate([0.0, 5 * MB, 48 * MB, 50 * MB, 49 * MB]):
-        assert p.decide(snap(t, 1, bw)) == []
-    acts = p.decide(snap(6, 2, 0.03 * MB))
+        assert p.decide(snap(t / 4, 1, bw)) == []
+    acts = p.decide(snap(1.25, 2, 47 * MB))
     assert len(acts) == 1 and isinstance(acts[0], SetSwitchoverBandwidth)
-    assert acts[0].bytes_per_s == int(48.5 * MB)  # the median of 5, 48, 49, 50 MiB/s
-    assert "4 polls" in acts[0].reason
-    assert p.decide(snap(7, 3, 0.01 * MB)) == []  # once
+    assert acts[0].bytes_per_s == 48 * MB  # the median of 5, 48, 49, 50, 47 MiB/s
+    assert "first pass over" in acts[0].reason
+    # the tail: a few pages a round, QEMU's rate near zero; those polls are not busy
+    for k in range(3, 20):
+        assert p.decide(snap(1.25 + k / 4, k, 0.03 * MB, remaining=120 << 10)) == []
+
+
+def test_a_first_pass_held_back_and_then_let_go_is_told_its_new_rate() -> None:
+    """An evacuation's link share held this stream at ~1 MiB/s for most of its first
+    pass, then gave it 12 MiB/s: QEMU must not switch over as if it still crawled."""
+    p = SwitchoverBandwidth()
+    t = 0.0
+    for _ in range(80):
+        t += 0.25
+        p.decide(snap(t, 1, 1.1 * MB))
+    for _ in range(WINDOW):
+        t += 0.25
+        p.decide(snap(t, 1, 12 * MB))
+    (a,) = p.decide(snap(t + 0.25, 2, 12 * MB))
+    assert isinstance(a, SetSwitchoverBandwidth) and a.bytes_per_s == 12 * MB
+    # and lowered again when the share takes it back (a move of more than 20 %)
+    acts = []
+    for k in range(WINDOW):
+        acts += p.decide(snap(t + 0.5 + k / 4, 3, 4 * MB))
+    told = [x.bytes_per_s for x in acts if isinstance(x, SetSwitchoverBandwidth)]
+    assert told[-1] == 4 * MB and len(told) <= 2 and "moved" in acts[-1].reason
 
 
 def test_never_above_an_explicit_bandwidth_and_nothing_without_a_figure() -> None:
     p = SwitchoverBandwidth(cap=20 * MB)
     p.decide(snap(0, 1, 30 * MB))
-    (a,) = p.decide(snap(1, 2, 30 * MB))
+    p.decide(snap(0.25, 1, 30 * MB))
+    (a,) = p.decide(snap(0.5, 2, 30 * MB))
     assert isinstance(a, SetSwitchoverBandwidth) and a.bytes_per_s == 20 * MB
     q = SwitchoverBandwidth()
-    assert q.decide(snap(0, 2, 30 * MB)) == []  # no pass seen (attached late)
+    assert q.decide(snap(0, 2, 30 * MB)) == []  # one poll: no interval to judge it by
 
 
 class Recorder:
@@ -73,7 +97,8 @@ def test_the_executor_runs_it_from_the_setting_and_tells_the_throttle() -> None:
 
     async def run() -> None:
         await ex.tick(snap(0, 1, 40 * MB))
-        await ex.tick(snap(1, 2, 40 * MB))
+        await ex.tick(snap(0.25, 1, 40 * MB))
+        await ex.tick(snap(0.5, 2, 40 * MB))
         # a link share lowering the stream's cap lowers the switchover rate with it
         await ex.apply(SetRamBandwidth("share", 10 * MB))
         await ex.apply(SetRamBandwidth("share", 30 * MB))

@@ -9,8 +9,8 @@ then as long as the remainder takes; the user is told), abort keeping the source
 running, or switch to post-copy.
 
 ``SwitchoverBandwidth``: once the first pass is over, tell QEMU the rate the stream
-achieved in it (``avail-switchover-bandwidth``), so that its switchover decision
-stops resting on the last 100 ms.
+achieves while it has work queued (``avail-switchover-bandwidth``), and again when
+that rate moves, so that its switchover decision stops resting on the last 100 ms.
 
 ``PostcopyAfter``: switch to post-copy once pre-copy has run a set time without
 completing (KubeVirt's ``completionTimeoutPerGiB`` with ``allowPostCopy``, per
@@ -21,6 +21,7 @@ does, at the price of a destination that runs before it has all of its RAM.
 from __future__ import annotations
 
 import statistics
+from collections import deque
 
 from livemig.policy.base import (
     AbortMigration,
@@ -37,6 +38,8 @@ from livemig.policy.base import (
 FACTOR = 1.5
 FORCE_DOWNTIME_MS = 60_000  # "whatever it takes": the remainder at link speed
 ON_STALL = ("force", "abort", "postcopy")
+WINDOW = 8  # busy polls the switchover rate is taken over (2 s at the default poll)
+CHANGE = 0.2  # the switchover rate is set again when it moves by more than this share
 
 
 class DowntimeRamp:
@@ -67,34 +70,44 @@ class SwitchoverBandwidth:
 
     QEMU's ``avail-switchover-bandwidth`` (8.2) replaces the estimate in that decision.
     This sets it once the first pass is over, to the median of the wire rates QEMU
-    reported during the pass (a busy stream, as it is at the switchover, when the
-    guest is stopped and its CPU free), at most ``cap`` (an explicit --bandwidth).
-    QEMU compares the remainder in guest bytes with it, so a compressed stream still
-    switches over with less than the rate allows."""
+    reported in the last :data:`WINDOW` polls that found the stream busy (at least a
+    poll interval's worth of its usual rate still to send: a stream with work queued, as at
+    the switchover, when the guest is stopped and its CPU free), at most ``cap`` (an
+    explicit --bandwidth), and again whenever that rate moves by more than
+    :data:`CHANGE` (an evacuation's link share raises and lowers a stream's cap from
+    outside: a first pass held to 1.1 MiB/s and then let go at 12 MiB/s must not
+    switch over as if it still crawled). QEMU compares the remainder in guest bytes
+    with it, so a compressed stream still switches over with less than the rate
+    allows."""
 
     name = "switchover-bandwidth"
 
     def __init__(self, cap: int | None = None) -> None:
         self.cap = cap
-        self.samples: list[float] = []
-        self.done = False
+        self.busy: deque[float] = deque(maxlen=WINDOW)
+        self.rate = 0.0  # what QEMU was told, 0: nothing yet
+        self._t: float | None = None
 
     def decide(self, s: Snapshot) -> list[Action]:
-        if self.done:
+        dt = s.t - self._t if self._t is not None else 0.0
+        self._t = s.t
+        # busy: what was left would have kept the stream going for the whole poll at
+        # its usual rate (a collapsed rate of a few pages' rounds is no measure)
+        usual = max(s.bandwidth, statistics.median(self.busy) if self.busy else 0.0)
+        if s.bandwidth > 0 and dt > 0 and s.remaining >= usual * dt:
+            self.busy.append(s.bandwidth)
+        if s.rounds <= 1 or not self.busy:
             return []
-        if s.rounds <= 1:
-            if s.bandwidth > 0:
-                self.samples.append(s.bandwidth)
-            return []
-        self.done = True
-        if not self.samples:
-            return []
-        rate = statistics.median(self.samples)
+        rate = statistics.median(self.busy)
         if self.cap:
             rate = min(rate, float(self.cap))
+        if self.rate and abs(rate - self.rate) <= CHANGE * self.rate:
+            return []
+        why = "first pass over" if not self.rate else "the stream's rate moved"
+        self.rate = rate
         return [SetSwitchoverBandwidth(
-            f"first pass over: avail-switchover-bandwidth -> {rate / 2**20:.1f} MiB/s (its "
-            f"median wire rate over {len(self.samples)} polls)", int(rate))]
+            f"{why}: avail-switchover-bandwidth -> {rate / 2**20:.1f} MiB/s (the median "
+            f"wire rate of the last {len(self.busy)} busy polls)", int(rate))]
 
 
 class PostcopyAfter:
