@@ -121,9 +121,9 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                                     "raise downtime-limit while rounds do not shrink"),
     "switchover-bandwidth": LivemigSetting(
         False, _onoff, "once the first pass is over, set QEMU's avail-switchover-bandwidth "
-        "to the rate the pass achieved, so that the switchover does not wait on QEMU's "
-        "estimate of the last 100 ms (which falls near zero when the last rounds carry a "
-        "few pages each)"),
+        "to the rate the stream achieves while it has work queued (again when that moves "
+        "by 20 %), so that the switchover does not wait on QEMU's estimate of the last "
+        "100 ms (which falls near zero when the last rounds carry a few pages each)"),
     "max-downtime": LivemigSetting(1000, _number(1, 600_000, int),
                                    "ceiling of the downtime ramp, ms (1 to 600000)"),
     "on-stall": LivemigSetting("force", _choice("force", "abort", "postcopy"),
@@ -224,7 +224,7 @@ PROFILES: dict[str, dict[str, str]] = {
     # Everything livemig has, on: the stream encoding chosen from the guest's pages,
     # the link and the CPU (lz4 delta for small writes), the converge throttle
     # through the patched set-cpu-throttle instead of auto-converge's ladder, a
-    # downtime ramp, the first pass's rate for QEMU's switchover decision, and a
+    # downtime ramp, the stream's own rate for QEMU's switchover decision, and a
     # forced switchover as the last resort.
     "livemig": {"encoding": "auto", "throttle": "converge",
                 "downtime-ramp": "on", "max-downtime": "1000",

@@ -174,9 +174,10 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
         # the context's queries (query-qmp-schema: ~0.1 s) while the sample waits for
         # its next look: the user waits for both before the migration starts
         async def read_context() -> encoding.Context:
-            if known is None:
+            ctx = known
+            if ctx is None:
                 await sampler.waiting.wait()
-            ctx = known if known is not None else await context(src, plan, hints)
+                ctx = await context(src, plan, hints)
             return dataclasses.replace(ctx, auto_converge=auto_converge)
 
         reading = asyncio.ensure_future(read_context())

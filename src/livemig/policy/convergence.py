@@ -93,12 +93,12 @@ class SwitchoverBandwidth:
         self._t = s.t
         # busy: what was left would have kept the stream going for the whole poll at
         # its usual rate (a collapsed rate of a few pages' rounds is no measure)
-        usual = max(s.bandwidth, statistics.median(self.busy) if self.busy else 0.0)
+        usual = max(s.bandwidth, self._median())
         if s.bandwidth > 0 and dt > 0 and s.remaining >= usual * dt:
             self.busy.append(s.bandwidth)
         if s.rounds <= 1 or not self.busy:
             return []
-        rate = statistics.median(self.busy)
+        rate = self._median()
         if self.cap:
             rate = min(rate, float(self.cap))
         if self.rate and abs(rate - self.rate) <= CHANGE * self.rate:
@@ -108,6 +108,10 @@ class SwitchoverBandwidth:
         return [SetSwitchoverBandwidth(
             f"{why}: avail-switchover-bandwidth -> {rate / 2**20:.1f} MiB/s (the median "
             f"wire rate of the last {len(self.busy)} busy polls)", int(rate))]
+
+
+    def _median(self) -> float:
+        return statistics.median(self.busy) if self.busy else 0.0
 
 
 class PostcopyAfter:

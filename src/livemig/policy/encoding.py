@@ -130,6 +130,7 @@ def _share(delta: bytes) -> float:
 
 _COMPRESS: dict[str, Callable[[bytes], bytes]] = {
     "zstd": zstandard.ZstdCompressor(level=1).compress,
+    "zstd-3": zstandard.ZstdCompressor(level=3).compress,  # a level of zstd: LEVELS
     "lz4": lambda b: lz4.block.compress(b, store_size=False),
 }
 # A codec at another level than QEMU's default, measured on the same pages (the peek
@@ -144,7 +145,6 @@ _COMPRESS: dict[str, Callable[[bytes], bytes]] = {
 LEVELS: dict[str, tuple[str, dict[str, str]]] = {
     "zstd-3": ("zstd", {"multifd-zstd-level": "3"}),
 }
-_COMPRESS["zstd-3"] = zstandard.ZstdCompressor(level=3).compress
 # a level other than the codec's default is chosen only when the model has it this much
 # faster (time plus work lost): below that, its extra CPU is not worth the model's error
 LEVEL_GAIN = 0.02
