@@ -49,6 +49,9 @@ class Recorder:
     async def set_switchover_bandwidth(self, bytes_per_s: int) -> None:
         self._call("switchover", bytes_per_s)
 
+    async def set_compression(self, method: str) -> None:
+        self.calls.append(("compression", (method,)))  # type: ignore[arg-type]
+
     async def start_postcopy(self) -> None:
         self._call("postcopy")
 
@@ -178,6 +181,7 @@ def test_qmp_actuator_commands() -> None:
         await act.set_downtime(500)
         await act.set_ram_bandwidth(8 * MB)
         await act.set_switchover_bandwidth(40 * MB)
+        await act.set_compression("lz4")
         await act.start_postcopy()
         await act.set_mirror_speed(5 * MB)
         await act.set_io_throttle(MB)
@@ -189,6 +193,7 @@ def test_qmp_actuator_commands() -> None:
         ("migrate-set-parameters", {"downtime-limit": 500}),
         ("migrate-set-parameters", {"max-bandwidth": 8 * MB}),
         ("migrate-set-parameters", {"avail-switchover-bandwidth": 40 * MB}),
+        ("migrate-set-parameters", {"multifd-compression": "lz4"}),
         ("migrate-start-postcopy", {}),
         ("block-job-set-speed", {"device": "job0", "speed": 5 * MB}),
         ("block_set_io_throttle", {"id": "/machine/peripheral/d0/virtio-backend", "bps": 0,
@@ -231,3 +236,28 @@ def test_postcopy_after_starts_postcopy_once_at_its_time() -> None:
     assert len(acts) == 1 and isinstance(acts[0], StartPostcopy)
     assert "postcopy-after 30 s" in acts[0].reason
     assert p.decide(Snapshot(t=31, rounds=5, remaining=1, dirty_rate=0, bandwidth=1e6)) == []
+
+
+def test_an_encoding_that_switches_after_the_first_pass_gets_its_switch_once() -> None:
+    """zstd+delta: the executor is told by the encoding's record (before the
+    migration, or by the deferred choice while it runs) and switches the codec at the
+    first poll that sees the first pass over, once; an encoding without a second codec
+    adds nothing."""
+    ex, rec, events = _executor()
+    ex.after_first_pass({"encoding": "zstd"})
+    ex.after_first_pass(None)
+    assert len(ex.policies) == 1
+    enc = {"encoding": "zstd+delta", "after_first_pass": {"multifd-compression": "lz4"}}
+    ex.after_first_pass(enc)
+    ex.after_first_pass(enc)  # the deferred choice told it again: still one switch
+    assert len(ex.policies) == 2
+
+    async def run() -> None:
+        for t, rounds in ((1.0, 1), (2.0, 1), (3.0, 2), (4.0, 3), (5.0, 4)):
+            await ex.tick(Snapshot(t=t, rounds=rounds, remaining=10 * MB, dirty_rate=0,
+                                   bandwidth=10 * MB))
+
+    asyncio.run(run())
+    assert rec.calls == [("compression", ("lz4",))]
+    assert [w for w, _ in events] == ["action SetCompression"]
+    assert events[0][1]["method"] == "lz4" and "first pass over" in events[0][1]["reason"]

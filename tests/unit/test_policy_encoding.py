@@ -10,6 +10,7 @@ from livemig.policy.encoding import (
     DELTA_KEY,
     ENCODINGS,
     KEYS,
+    SWITCH_KEY,
     Choice,
     Codec,
     Context,
@@ -234,7 +235,7 @@ def test_a_busy_database_rewriting_its_hot_rows_gets_lz4_delta():
 def test_changed_share_and_settings():
     assert changed_share(b"\0" * 4096, b"\0" * 4095 + b"\1") == 1 / 4096
     for enc in ENCODINGS.values():
-        assert set(enc) <= KEYS
+        assert set(enc) <= KEYS | {SWITCH_KEY}
     assert ENCODINGS["lz4"]["multifd-compression"] == "lz4"
 
 
@@ -264,3 +265,47 @@ def test_a_switching_stream_starts_with_zstd_keeping_the_delta_cache():
     no_zstd = start_choice(Context(guest_ram=3 << 30, codecs=frozenset({"plain"}),
                                    delta=True, host_available=64 << 30))
     assert no_zstd.encoding == "lz4-delta" and no_zstd.applied()[DELTA_KEY] == "4096M"
+
+
+def _mixed_page(i: int) -> bytes:
+    """Half random bytes, half rows: mixed entropy, where zstd packs tighter than lz4
+    at a fraction of its speed."""
+    return rng.randbytes(2048) + _db_page(i)[:2048]
+
+
+def _busy_database(link_bits: float, switch: bool, cpus: float = 1.0,
+                   page: Callable[[int], bytes] = _db_page) -> Choice:
+    """The busy database of :func:`_database` (40 % rewritten in 0.5 s) on a QEMU that
+    can (or cannot) switch the codec of a running stream."""
+    pages = [page(i) for i in range(1024)]
+    pairs = [(p, _small_delta(p)) for p in pages[:400]]
+    ctx = Context(link_rate=link_bits / 8, cpus=cpus, delta=True, switch=switch,
+                  guest_ram=1 << 30, host_available=20 << 30,
+                  codecs=frozenset({"zstd", "lz4", "plain"}))
+    return choose(pairs, ctx, pages, nonzero_share=0.4)
+
+
+def test_a_busy_database_on_a_slow_link_gets_a_zstd_first_pass_then_lz4_deltas():
+    """The first pass sends every page once: on a link-bound stream zstd's ratio makes
+    it shorter than lz4's, and its pages enter the delta cache (patch 0013), so the
+    re-sent rows still go as lz4 deltas once the pass is over. Without the codec
+    switch the same guest gets lz4-delta from the start."""
+    c = _busy_database(100e6, switch=True)
+    assert c.encoding == "zstd+delta", c.reason
+    applied = c.applied()
+    assert applied["multifd-compression"] == "zstd" and applied[SWITCH_KEY] == "on"
+    assert applied[DELTA_KEY] == "1024M"  # the cache holds every page: deltas hit
+    assert c.after_first_pass() == {"multifd-compression": "lz4"}
+    assert "lz4-delta" in c.reason and "the re-sent pages as lz4 deltas" in c.reason
+    plain = _busy_database(100e6, switch=False)
+    assert plain.encoding == "lz4-delta" and plain.after_first_pass() == {}
+    assert "zstd+delta" not in plain.reason  # not modelled where it cannot run
+
+
+def test_a_cpu_bound_busy_database_keeps_lz4_for_its_first_pass():
+    """On a link faster than one CPU compresses zstd, lz4's speed decides the first
+    pass (pages of mixed entropy, where zstd is several times slower): lz4-delta
+    from the start, as without the switch."""
+    c = _busy_database(40e9, switch=True, cpus=0.5, page=_mixed_page)
+    assert c.encoding == "lz4-delta", c.reason
+    assert "zstd+delta" in c.reason  # modelled, and slower

@@ -5,6 +5,7 @@ QEMU. The samplers on real QEMUs are in test_sampling_vm.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,9 @@ import pytest
 
 from livemig.engine.adapt import START_EXTRA, Hints, adapt, multifd_codecs
 from livemig.engine.events import EventStream
+from livemig.engine.executor import PolicyConfig, PolicyExecutor
 from livemig.engine.plan import Plan
+from livemig.engine.qmpactuator import QmpActuator
 from livemig.engine.run import Engine
 from livemig.engine.switch import changes, switch
 from livemig.errors import VMError
@@ -379,22 +382,30 @@ def test_ends_that_switch_codecs_start_at_once_and_choose_beside_the_first_pass(
     """With x-multifd-compression-switch on both ends (patches 0012, 0013) the second
     plan starts the stream with zstd keeping the delta cache, and no sample is taken
     before the migration; the deferred choice samples and switches: a guest that
-    rewrites small parts gets lz4 (delta encoding against the same cache), one that
-    does not rewrite keeps zstd and drops the cache."""
-    for rewritten, chosen, sets in (
-            (300, "lz4-delta", [{"multifd-compression": "lz4"}]),
-            (0, "zstd", [{encoding.DELTA_KEY: 0}])):
+    rewrites small parts gets lz4 (delta encoding against the same cache) at once
+    where lz4's speed decides its first pass (two CPUs, 400 MiB/s), or keeps
+    zstd until its first pass is over where the link does (zstd+delta: the executor
+    switches then); one that does not rewrite keeps zstd and drops the cache."""
+    for rewritten, link, chosen, sets in (
+            (300, 400 << 20, "lz4-delta", [{"multifd-compression": "lz4"}]),
+            (300, 12 << 20, "zstd+delta", []),
+            (0, 50 << 20, "zstd", [{encoding.DELTA_KEY: 0}])):
         q = _switching_qemu(_reply(rewritten))
         events = EventStream()
-        a = asyncio.run(adapt(q, _plan(), Hints(host_available=8 << 30, dst_switch=True),
-                              events))
+        plan = dataclasses.replace(_plan(), bandwidth=link)
+        a = asyncio.run(adapt(q, plan, Hints(host_available=8 << 30, dst_switch=True,
+                                             cpus=2.0), events))
         assert a.deferred is not None and a.encoding is not None and a.encoding["deferred"]
         assert not [c for c in q.log if c[0] == "x-calc-ram-sample"]  # nothing sampled yet
         assert a.plan.wanted["multifd-compression"] == "zstd" and a.plan.wanted[SWITCH_CAP] == "on"
         assert a.plan.wanted[encoding.DELTA_KEY] == "1024M"  # every page of the 1 GiB guest
+        told = PolicyExecutor(PolicyConfig(), QmpActuator(q.cmd), lambda w, d: None)
         rec = asyncio.run(switch(q, a.deferred, a.encoding, _SWITCH_PARAMS,
-                                 events))
+                                 events, told))
         assert rec["encoding"] == chosen and rec["started_with"] == "zstd"
+        # the switch after the first pass is the executor's, for zstd+delta only
+        assert [p.name for p in told.policies] == (
+            ["after-first-pass"] if chosen == "zstd+delta" else [])
         assert rec["switched"] is bool(sets)
         assert [args for c, args in q.log if c == "migrate-set-parameters"] == sets
         assert [e["event"] for e in events.log] == [

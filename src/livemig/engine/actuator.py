@@ -43,6 +43,10 @@ class Actuator(Protocol):
         """QEMU's avail-switchover-bandwidth (the end puts it back afterwards, as the
         other migration parameters)."""
 
+    async def set_compression(self, method: str) -> None:
+        """The running stream's multifd codec (the end puts it back afterwards, as the
+        other migration parameters)."""
+
     async def start_postcopy(self) -> None: ...
 
     async def set_mirror_speed(self, bytes_per_s: int) -> None:

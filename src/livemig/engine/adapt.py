@@ -122,14 +122,13 @@ async def adapt(src: QmpEnd, plan: Plan, hints: Hints, events: EventStream) -> A
             return rec or {}, applied
         deferred = choose
         begin = encoding.start_choice(known)
-        start = {k: v for k, v in {**START_EXTRA, **begin.applied()}.items()
+        start = {k: v for k, v in {**START_EXTRA, **begin.applied(), SWITCH_CAP: "on"}.items()
                  if k not in plan.explicit}
         first: dict[str, Any] = {
             "encoding": begin.encoding, "deferred": True, "started_with": begin.encoding,
             "reason": f"the sample runs beside the first pass ({SWITCH_CAP} on both "
                       f"ends): {begin.encoding} {begin.reason}", "applied": start}
         extra.update(start)
-        extra[SWITCH_CAP] = "on"
         events.event("encoding deferred", **first)
         enc: dict[str, Any] | None = first
     else:
@@ -149,8 +148,7 @@ async def _can_defer(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str]) 
             or plan.livemig_setting("sampler") not in ("auto", "qemu") \
             or hints.given is not None or QEMU_SAMPLE not in commands:
         return False
-    caps = {c["capability"] for c in await src.cmd("query-migrate-capabilities")}
-    return SWITCH_CAP in caps
+    return await _has_switch(src)
 
 
 async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
@@ -216,8 +214,11 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
            "samples": choice.samples, "applied": applied, "sampler": sampled,
            "context": {"link_rate": ctx.link_rate, "cpus": ctx.cpus,
                        "guest_ram": ctx.guest_ram, "codecs": sorted(ctx.codecs),
-                       "delta": ctx.delta, "auto_converge": ctx.auto_converge},
+                       "delta": ctx.delta, "switch": ctx.switch,
+                       "auto_converge": ctx.auto_converge},
            "page_rates": {k: round(v) for k, v in choice.page_rates.items()}}
+    if choice.after_first_pass():
+        rec["after_first_pass"] = choice.after_first_pass()
     events.event("encoding chosen", **rec)
     events.say(f"stream encoding {choice.encoding}: {choice.reason}")
     return rec, applied
@@ -272,7 +273,14 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints) -> encoding.Context:
                         else encoding.host_available()),
         codecs=await multifd_codecs(src),
         delta=encoding.DELTA_KEY in params,
+        switch=(bool(hints.dst_switch) and SWITCH_CAP not in plan.explicit
+                and await _has_switch(src)),
         tls=hints.tls if hints.tls is not None else plan.tls is not None)
+
+
+async def _has_switch(src: QmpEnd) -> bool:
+    caps = {c["capability"] for c in await src.cmd("query-migrate-capabilities")}
+    return SWITCH_CAP in caps
 
 
 async def multifd_codecs(src: QmpEnd) -> frozenset[str]:

@@ -24,6 +24,7 @@ from livemig.policy.base import (
     Action,
     ForceSwitchover,
     Policy,
+    SetCompression,
     SetDowntimeLimit,
     SetIoThrottle,
     SetMirrorSpeed,
@@ -36,6 +37,7 @@ from livemig.policy.base import (
 )
 from livemig.policy.converge import ConvergeThrottle
 from livemig.policy.convergence import (
+    AfterFirstPass,
     DowntimeRamp,
     LastResort,
     PostcopyAfter,
@@ -128,6 +130,16 @@ class PolicyExecutor:
     def active(self) -> bool:
         return bool(self.policies)
 
+    def after_first_pass(self, encoding: Mapping[str, Any] | None) -> None:
+        """The encoding chosen (the report's ``encoding``) switches codec once the first
+        pass is over (``after_first_pass``): from the next poll on, a policy does it.
+        Called when the choice is known: before the migration, or by the deferred
+        choice while it runs."""
+        then = (encoding or {}).get("after_first_pass") or {}
+        method = then.get("multifd-compression")
+        if method and not any(isinstance(p, AfterFirstPass) for p in self.policies):
+            self.policies.append(AfterFirstPass(str(method)))
+
     async def tick(self, s: Snapshot) -> Verdict:
         """Run every policy on ``s``, carry out what they decide, renew the throttle's
         lease, and say what the monitor does next."""
@@ -160,6 +172,8 @@ class PolicyExecutor:
             await self._act(name, act.start_postcopy())
         elif isinstance(a, SetSwitchoverBandwidth):
             await self._switchover_bandwidth(name, a.bytes_per_s)
+        elif isinstance(a, SetCompression):
+            await self._act(name, act.set_compression(a.method))
         elif isinstance(a, SetRamBandwidth):
             await self._act(name, act.set_ram_bandwidth(a.bytes_per_s))
             if 0 < a.bytes_per_s < self.switchover_bw:  # the stream may not go faster

@@ -60,6 +60,9 @@ class QmpActuator:
     async def set_switchover_bandwidth(self, bytes_per_s: int) -> None:
         await self._try("migrate-set-parameters", **{SWITCHOVER_BW: bytes_per_s})
 
+    async def set_compression(self, method: str) -> None:
+        await self._try("migrate-set-parameters", **{"multifd-compression": method})
+
     async def start_postcopy(self) -> None:
         await self._try("migrate-start-postcopy")
 

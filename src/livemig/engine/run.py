@@ -193,6 +193,7 @@ class Engine:
         self.executor = PolicyExecutor(
             cfg,
             QmpActuator(self.src.cmd, disk), lambda what, data: self.events.event(what, **data))
+        self.executor.after_first_pass(self.encoding)
         await self._plan_pinning(str(lm.get("pin", "off")))
         if self.guardian_dir is not None:  # before the first setting is changed
             self._guardian = guardian.start(self._guardian_spec(), self.guardian_dir)
@@ -244,7 +245,7 @@ class Engine:
         if self.deferred is not None and self.neg is not None:
             self._switch = asyncio.ensure_future(switch(
                 self.src, self.deferred, self.encoding or {},
-                self.neg.original_src.parameters, self.events))
+                self.neg.original_src.parameters, self.events, self.executor))
 
     async def _switch_done(self) -> None:
         """The encoding switch's outcome into the report; a sample still running when

@@ -24,6 +24,7 @@ from typing import Any
 from livemig.engine.adapt import START_EXTRA, Deferred
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
+from livemig.engine.executor import PolicyExecutor
 from livemig.errors import LivemigError
 from livemig.settings import resolve
 
@@ -41,12 +42,15 @@ def changes(start: Mapping[str, str], chosen: Mapping[str, str]
 
 
 async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
-                 params: Mapping[str, Any], events: EventStream) -> dict[str, Any]:
+                 params: Mapping[str, Any], events: EventStream,
+                 executor: PolicyExecutor | None = None) -> dict[str, Any]:
     """Take the sample, choose, and switch the running stream to the choice; ``first``
     is the report's ``encoding`` of the start (adapt's: ``started_with``, ``applied``),
     ``params`` the source's migration parameters as read before (their types).
-    Returns the report's ``encoding``: the choice, plus ``started_with``, ``switched``,
-    ``after_s`` and, when not switched, ``kept_because``."""
+    A choice that switches again once the first pass is over (zstd+delta) hands that
+    to ``executor``. Returns the report's ``encoding``: the choice, plus
+    ``started_with``, ``switched``, ``after_s`` and, when not switched,
+    ``kept_because``."""
     t0 = time.monotonic()
     rec, chosen = await deferred(events)
     started = str(first.get("started_with"))
@@ -69,6 +73,8 @@ async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
         events.say(f"stream encoding stays {started}: {why}")
         return rec
     rec["switched"] = bool(change)
+    if executor is not None:
+        executor.after_first_pass(rec)
     events.event("encoding switched" if change else "encoding kept",
                  encoding=rec["encoding"], settings=change, after_s=rec["after_s"])
     events.say(f"stream encoding {rec['encoding']} from here on"

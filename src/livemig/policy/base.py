@@ -104,6 +104,14 @@ class SetSwitchoverBandwidth(Action):
 
 
 @dataclass(frozen=True)
+class SetCompression(Action):
+    """The running stream's multifd codec (``multifd-compression``; both ends have the
+    codec switch, patch 0012): its channels take it at their next packet."""
+
+    method: str
+
+
+@dataclass(frozen=True)
 class SetMirrorSpeed(Action):
     bytes_per_s: int  # 0 = unlimited
 

@@ -12,6 +12,9 @@ running, or switch to post-copy.
 achieves while it has work queued (``avail-switchover-bandwidth``), and again when
 that rate moves, so that its switchover decision stops resting on the last 100 ms.
 
+``AfterFirstPass``: once the first pass is over, switch the stream to the codec its
+encoding uses for re-sent pages (zstd+delta: lz4 deltas after a zstd first pass).
+
 ``PostcopyAfter``: switch to post-copy once pre-copy has run a set time without
 completing (KubeVirt's ``completionTimeoutPerGiB`` with ``allowPostCopy``, per
 migration): a bound on how long the migration holds the source, whatever the guest
@@ -28,6 +31,7 @@ from livemig.policy.base import (
     Action,
     ForceSwitchover,
     RoundTracker,
+    SetCompression,
     SetDowntimeLimit,
     SetSwitchoverBandwidth,
     Snapshot,
@@ -112,6 +116,30 @@ class SwitchoverBandwidth:
 
     def _median(self) -> float:
         return statistics.median(self.busy) if self.busy else 0.0
+
+
+class AfterFirstPass:
+    """An encoding whose first pass and re-send rounds use different codecs: the first
+    pass sends every non-zero page once, whatever the guest does later, so the codec
+    with the best ratio the CPU can feed suits it (zstd); a page sent again was
+    rewritten, and if only a few of its bytes changed, an lz4 delta against the copy
+    the first pass left in the delta cache (patches 0005, 0013) is a few dozen bytes.
+    This switches the codec once QEMU's first dirty-bitmap sync after the pass is
+    seen (``rounds`` > 1). Pages of the new round already queued go in the old codec:
+    both are complete encodings, only the bytes differ."""
+
+    name = "after-first-pass"
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.fired = False
+
+    def decide(self, s: Snapshot) -> list[Action]:
+        if self.fired or s.rounds <= 1:
+            return []
+        self.fired = True
+        return [SetCompression(f"first pass over: multifd-compression -> {self.method} "
+                               "for the re-sent pages", self.method)]
 
 
 class PostcopyAfter:

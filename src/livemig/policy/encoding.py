@@ -62,6 +62,8 @@ HOST_SHARE = 4  # the delta cache takes at most 1/4 of the host's available memo
 # per byte *sent*, so a codec that shrinks the stream pays less of it
 TLS_SPEED = 3e9
 DELTA_KEY = "x-multifd-lz4-delta-cache-size"
+# the capability that lets a running stream change codec (patch 0012; settings.SWITCH_CAP)
+SWITCH_KEY = "x-multifd-compression-switch"
 # bytes/s of pages QEMU's migration thread xbzrle-encodes (one thread: it compares the
 # page with its cached copy and run-length codes the differences)
 XBZRLE_SPEED = 5e8
@@ -79,7 +81,17 @@ ENCODINGS: dict[str, dict[str, str]] = {
     "plain": {**_MULTIFD, "multifd-compression": "none"},
     # lz4 multifd with delta encoding of re-sent pages (QEMU patch: multifd lz4 delta)
     "lz4-delta": {**_MULTIFD, "multifd-compression": "lz4", DELTA_KEY: "256M"},
+    # the first pass in zstd, keeping lz4's delta cache (patch 0013), then lz4-delta
+    # for the re-sent pages (AFTER_FIRST_PASS; a codec switch: patch 0012)
+    "zstd+delta": {**_MULTIFD, "multifd-compression": "zstd", "multifd-zstd-level": "1",
+                   DELTA_KEY: "256M", SWITCH_KEY: "on"},
 }
+# what an encoding sets once the first pass is over (the engine's AfterFirstPass)
+AFTER_FIRST_PASS: dict[str, dict[str, str]] = {
+    "zstd+delta": {"multifd-compression": "lz4"},
+}
+# encodings that send re-sent pages as deltas (a delta cache sized by delta_cache)
+DELTAS = frozenset({"lz4-delta", "zstd+delta"})
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,9 @@ class Context:
     host_available: int | None = None  # bytes of host memory available (MemAvailable)
     codecs: frozenset[str] = frozenset({"zstd", "plain"})  # multifd codecs of the QEMU
     delta: bool = False  # the QEMU has lz4 delta encoding (patched)
+    # both ends can change the stream's codec while it runs (SWITCH_KEY, patched): the
+    # first pass may go in zstd and the re-sent pages as lz4 deltas (zstd+delta)
+    switch: bool = False
     tls: bool = False  # the stream is encrypted: each byte sent costs TLS_SPEED's CPU
     # QEMU's own auto-converge throttles (no set-cpu-throttle: a stock QEMU): the rounds
     # are played by :mod:`livemig.policy.autoconverge` instead of :func:`estimate`
@@ -116,6 +131,10 @@ class Choice:
 
     def applied(self) -> dict[str, str]:
         return {**ENCODINGS[self.encoding], **self.settings}
+
+    def after_first_pass(self) -> dict[str, str]:
+        """What the stream switches to once its first pass is over (nothing: none)."""
+        return dict(AFTER_FIRST_PASS.get(self.encoding, {}))
 
 
 def changed_share(old: bytes, new: bytes) -> float:
@@ -144,6 +163,7 @@ _COMPRESS: dict[str, Callable[[bytes], bytes]] = {
 # on a CPU-bound one it loses. Higher levels gain ~1 % more for half the speed again.
 LEVELS: dict[str, tuple[str, dict[str, str]]] = {
     "zstd-3": ("zstd", {"multifd-zstd-level": "3"}),
+    "zstd-3+delta": ("zstd+delta", {"multifd-zstd-level": "3"}),
 }
 # a level other than the codec's default is chosen only when the model has it this much
 # faster (time plus work lost): below that, its extra CPU is not worth the model's error
@@ -550,8 +570,11 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
         est = {n: estimate(first[n], again.get(n, first[n]), nonzero, dirty_rate, ctx)
                for n in first}
     if ctx.delta and "lz4" in first and n_pairs >= MIN_SAMPLES and "lz4" in sample.delta:
-        est["lz4-delta"] = estimate(first["lz4"], sample.delta["lz4"], nonzero, dirty_rate,
-                                    ctx)
+        delta = sample.delta["lz4"]
+        est["lz4-delta"] = estimate(first["lz4"], delta, nonzero, dirty_rate, ctx)
+        if ctx.switch:  # each zstd level's first pass, then the same deltas
+            est.update({f"{n}+delta": estimate(c, delta, nonzero, dirty_rate, ctx)
+                        for n, c in first.items() if codec_of(n) == "zstd"})
     if not ctx.delta and n_pairs >= MIN_SAMPLES and share is not None \
             and share <= SMALL_DELTA:  # stock QEMU's delta encoding, for small rewrites
         est["xbzrle"] = (estimate_xbzrle_auto_converge(share, curve, ctx)
@@ -573,10 +596,13 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     reason = (f"{facts}; modelled{how} at {link} and {ctx.cpus:g} CPU for "
               f"{nonzero / 2**20:.0f} MiB non-zero, {dirty_rate / 2**20:.0f} MiB/s dirtied"
               f"{shape}: {why}")
-    if name == "lz4-delta":
+    if name in DELTAS:
         cache = delta_cache(ctx)
         settings[DELTA_KEY] = f"{cache >> 20}M"
         reason += f"; {cache >> 20} MiB delta cache ({_covers(cache, ctx)})"
+    if name in AFTER_FIRST_PASS:
+        reason += ("; the first pass in zstd (every page it sends enters the cache), "
+                   "the re-sent pages as lz4 deltas once it is over")
     if name == "xbzrle":
         cache = delta_cache(ctx)
         settings["xbzrle-cache-size"] = f"{cache >> 20}M"

@@ -114,6 +114,10 @@ class LibvirtActuator:
         # libvirt 9.0 has no API for it: the monitor passthrough (the run restores it)
         self._passthrough("migrate-set-parameters", **{SWITCHOVER_BW: bytes_per_s})
 
+    async def set_compression(self, method: str) -> None:
+        # the codec the passthrough set at the start (the run restores it)
+        self._passthrough("migrate-set-parameters", **{"multifd-compression": method})
+
     async def start_postcopy(self) -> None:
         self._libvirt("migrateStartPostCopy", lambda: self.dom.migrateStartPostCopy(0))
 

@@ -238,6 +238,7 @@ class DomainMigration:
                            ram_cap=o.request.bandwidth, disk_copy=bool(io), io_qos=bool(io))
         self.executor = PolicyExecutor(cfg, self.actuator,
                                        lambda what, data: self.run.event(what, **data))
+        self.executor.after_first_pass(self.run.encoding)
         with contextlib.suppress(self.libvirt.libvirtError):
             self.orig_downtime = int(self.dom.migrateGetMaxDowntime(0))
         # what the policies may change during the migration, for the guard
@@ -431,7 +432,7 @@ class DomainMigration:
         assert self.qemu is not None  # probed in prepare
         task = asyncio.ensure_future(switch(
             DomainEnd(self.dom), self.deferred, self.run.encoding or {},
-            self.qemu.parameters, events))
+            self.qemu.parameters, events, self.executor))
         try:
             return await monitor.run()
         finally:
