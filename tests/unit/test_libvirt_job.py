@@ -259,3 +259,39 @@ def test_a_source_qemu_stuck_cancelling_is_yanked_once_then_the_job_ends(
     done = Stuck("cancelled")
     _run_stuck(done, monkeypatch)
     assert not hasattr(done, "yanks")
+
+
+def test_the_end_of_the_first_pass_wakes_the_monitor_between_its_polls() -> None:
+    """libvirt's migration-iteration event 2 (QEMU's MIGRATION_PASS: the first pass is
+    over) reaches the monitor through the job, which polls and ticks the policies at
+    once (zstd+delta's codec switch) instead of at its next period; pass 1 does not
+    wake it, and the monitor records no second "round" event (the run has its own).
+    The policy cancels at its second tick, so the run ends soon after it."""
+    dom = Domain(total=1 << 40, rate=8 * M)
+    pol = Policies(cancel_after=2)
+    job = DomainJob(dom, FakeLibvirt, dom.call, lambda: 0, lambda what, **kw: None)
+    stream = EventStream()
+
+    def rounds() -> None:  # libvirt's event thread
+        time.sleep(0.3)
+        job.passed(1)
+        time.sleep(0.3)
+        job.passed(2)
+
+    async def go() -> Terminal:
+        job.start()
+        threading.Thread(target=rounds, daemon=True).start()
+        mon = Monitor(job, stream, 3.0, time.time(), None, asyncio.Event(), pol,
+                      Hooks(job), [])
+        return await asyncio.wait_for(mon.run(), 20.0)
+
+    t0 = time.monotonic()
+    end = asyncio.run(go())
+    job.thread.join(5)
+    assert end.status == "cancelled" and end.cancelled_for == "the policy gave up"
+    # libvirt still preparing at the first poll (no tick); a tick at pass 2 (0.6 s),
+    # then the period's own poll (3 s)
+    first, second = (s.t for s in pol.seen)
+    assert first < 2.5 <= second
+    assert time.monotonic() - t0 < 15.0  # the job's waits end with it
+    assert not [e for e in stream.log if e.get("event") == "round"]

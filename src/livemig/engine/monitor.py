@@ -4,7 +4,7 @@ Each period the source (:class:`MigrationSource`: the source QEMU's QMP, or
 libvirt's migration job adapted to it) is polled once (``query-migrate``), the reply
 parsed once into an :class:`Observation`, the policies run (the executor returns a
 :class:`Verdict`), and then the loop waits for the next tick — woken early by the
-source's ``MIGRATION`` events. ``MIGRATION_PASS`` events mark round boundaries.
+source's ``MIGRATION`` events and by the end of the first pass (``MIGRATION_PASS`` 2).
 Whatever decides to cancel (a policy, ``--max-time``, Ctrl-C, a dead destination)
 goes through the same ``migrate_cancel``; the loop then runs on until QEMU
 reports a terminal state. Once the migration is in post-copy nothing cancels it (the
@@ -49,6 +49,8 @@ CANCEL_TIMEOUT_S = 60.0  # QEMU must reach a terminal state this long after a ca
 # late after ``stall-timeout``.
 LOOK_S = 0.5
 YANK_MIGRATION = [{"type": "migration"}]
+# QEMU's MIGRATION_PASS ``pass`` (its dirty-sync-count) when the first pass is over
+FIRST_PASS_OVER = 2
 # migrate-start-postcopy asked: QEMU enters post-copy at its next iteration, well
 # within this; if it has not (the command was refused), the run's limits apply again
 POSTCOPY_GRACE_S = 10.0
@@ -171,7 +173,9 @@ class Monitor:
             elif cancel_deadline is not None and time.monotonic() > cancel_deadline:
                 raise VMError(f"migration still {obs.status} {CANCEL_TIMEOUT_S:.0f}s after "
                               "migrate_cancel")
-            tick += 1
+            # the next period's deadline (a poll woken early, at the first pass's
+            # end, keeps the period's own poll)
+            tick = int((time.monotonic() - start) / self.period) + 1
             await self._wait_until(start + tick * self.period)
 
     async def _query(self) -> dict[str, Any]:
@@ -308,7 +312,9 @@ class Monitor:
             raise VMError(f"destination QEMU is gone ({self.dst.name})")
 
     async def _wait_until(self, deadline: float) -> None:
-        """Sleep until the absolute ``deadline``, or a MIGRATION status event."""
+        """Sleep until the absolute ``deadline``, a MIGRATION status event, or the
+        end of the first pass (``MIGRATION_PASS`` 2: the policies that act on it, such
+        as the codec switch of zstd+delta, act at once instead of at the next poll)."""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -319,6 +325,9 @@ class Monitor:
             name = ev.get("event")
             if name == "MIGRATION_PASS":
                 self.passes = int(ev.get("data", {}).get("pass", self.passes + 1))
-                self.events.event("round", round=self.passes)
+                if not ev.get("recorded"):  # libvirt's job records its own
+                    self.events.event("round", round=self.passes)
+                if self.passes == FIRST_PASS_OVER:
+                    return
             elif name == "MIGRATION":
                 return

@@ -23,7 +23,11 @@ ratio)`` into seconds, bytes and guest work lost:
 The least time plus work lost wins (fewer bytes among near ties). A database that
 updates few rows gets zstd (its first pass is its migration); a busy one lz4-delta,
 with a source cache that holds every page of the guest's RAM within a quarter of the
-host's free memory (a smaller, direct-mapped cache sends rewritten pages whole).
+host's free memory (a smaller, direct-mapped cache sends rewritten pages whole). Where
+both ends can switch codecs mid-stream (patch 0012) a busy one may get ``zstd+delta``
+instead: the first pass in zstd, its pages entering the same cache (patch 0013), then
+lz4 deltas once the pass is over, when zstd's ratio shortens a link-bound first pass
+more than lz4's speed would a CPU-bound one.
 Stock QEMU weighs xbzrle beside its multifd codecs for small rewrites (one stream,
 whole pages until a page's second re-send, then deltas), its cache sized the same way.
 """

@@ -12,7 +12,9 @@ and limits as lab and attach runs) polls and cancels it through this adapter:
 - ``migrate_cancel`` is ``virDomainAbortJob``, issued again every
   ``ABORT_RETRY_S`` until the call ends: an abort while libvirt still prepares the
   destination does not stop the migration;
-- the call's end is the ``MIGRATION`` event that wakes the monitor.
+- the call's end is the ``MIGRATION`` event that wakes the monitor, and libvirt's
+  migration-iteration events (QEMU's ``MIGRATION_PASS``, handed over by
+  :meth:`DomainJob.passed` from libvirt's event thread) are its ``MIGRATION_PASS``.
 
 A cancelled job whose call does not return is over all the same once the source
 QEMU's own migration has ended (``cancelled`` or ``failed``: it can no longer
@@ -65,12 +67,17 @@ class DomainJob:
         self.detached: str | None = None  # the source QEMU's status, once left to libvirt
         self._first_abort: float | None = None
         self._last_abort = 0.0
+        # set by the call's end and by each round's start (libvirt's event thread)
+        self._wake = threading.Event()
+        self._passes: list[int] = []
 
         def body() -> None:
             try:
                 call()
             except BaseException as e:  # handed to the monitor as the job's end
                 self.error = e
+            finally:
+                self._wake.set()
         self.thread = threading.Thread(target=body, name="libvirt-migrate", daemon=True)
 
     def start(self) -> None:
@@ -85,6 +92,10 @@ class DomainJob:
         return self.thread.is_alive()
 
     @property
+    def _ended(self) -> bool:
+        return self.started and not self.thread.is_alive()
+
+    @property
     def cancelling(self) -> bool:
         """``migrate_cancel`` was asked."""
         return self._first_abort is not None
@@ -97,11 +108,23 @@ class DomainJob:
             return {}
         raise VMError(f"{command}: not a command of libvirt's migration job")
 
+    def passed(self, iteration: int) -> None:
+        """libvirt's migration-iteration event (its event thread; the run has
+        recorded the round): the monitor sees it as ``MIGRATION_PASS``."""
+        self._passes.append(iteration)
+        self._wake.set()
+
     async def next_event(self, timeout: float) -> dict[str, Any] | None:
-        """The call's end, within ``timeout`` (libvirt's iteration events go to the
-        run's events from libvirt's own event thread)."""
-        await asyncio.to_thread(self.thread.join, max(0.0, timeout))
-        return None if self.thread.is_alive() else {"event": "MIGRATION"}
+        """The call's end or a round's start, within ``timeout``."""
+        if not self._passes and not self._ended:
+            await asyncio.to_thread(self._wake.wait, max(0.0, timeout))
+        self._wake.clear()  # a pass set after the wait is in _passes all the same
+        if self._ended:
+            return {"event": "MIGRATION"}
+        if self._passes:
+            return {"event": "MIGRATION_PASS", "data": {"pass": self._passes.pop(0)},
+                    "recorded": True}
+        return None
 
     def ended(self) -> dict[str, Any]:
         """How the call ended, as QEMU's terminal ``query-migrate``."""

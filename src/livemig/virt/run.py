@@ -385,7 +385,7 @@ class DomainMigration:
                      for k, v in params.items()}
             self.run.event("migration started", flags=plan.flag_names(), params=shown)
             self.run.t_migrate = time.time()
-            self._watch_iterations()
+            self._watch_iterations(job)
             self._cpu0 = self._cpu_last = cpu_seconds(self.dom)
             # the destination may be held paused (VIR_MIGRATE_PAUSED): the guard,
             # started with the settings (prepare), resumes it should livemig die
@@ -438,11 +438,13 @@ class DomainMigration:
         finally:
             self.run.encoding = await switch_outcome(task, self.run.encoding, events)
 
-    def _watch_iterations(self) -> None:
+    def _watch_iterations(self, job: DomainJob) -> None:
         """QEMU's MIGRATION_PASS as libvirt's migration-iteration event: each round's
-        start goes to ``events`` as it happens (the polls only see its effect)."""
+        start goes to ``events`` as it happens (the polls only see its effect), and
+        to the job, which wakes the monitor when the first pass is over."""
         def on_iteration(_conn: Any, _dom: Any, iteration: int, _opaque: Any) -> None:
             self.run.event("round", iteration=iteration)
+            job.passed(iteration)
         try:
             self._event_id = self.src_conn.domainEventRegisterAny(
                 self.dom, self.libvirt.VIR_DOMAIN_EVENT_ID_MIGRATION_ITERATION,
