@@ -305,3 +305,43 @@ def test_every_vm_of_a_fleet_is_in_the_plan() -> None:
     for links in (LINKS, {"a": LINK, "b": LINK / 3}):
         spread = [replace(f, link=list(links)[k % len(links)]) for k, f in enumerate(fleet)]
         assert len(simulate(spread, links, max_parallel=3).vms) == len(fleet)
+
+
+def test_an_ending_stream_gets_its_link_and_the_others_wait_at_their_reserves() -> None:
+    """Three light VMs share a link evenly (no caps) until one's stream is within
+    ENDING_S of its end: then it is uncapped and the others on its link are held to
+    their reserves, so its last rounds and its stop-and-copy do not queue behind their
+    first passes; a VM on another link keeps its cap; once the ending stream has
+    ended, the others go back to an even split."""
+    a, b, c = idle("a"), idle("b"), replace(idle("c"), link="other")
+    d = idle("d")
+    links = {"link": LINK, "other": LINK}
+    running = (VmState(a, MIGRATING, LINK, progress=0.5, tail_s=20.0),
+               VmState(b, MIGRATING, LINK, progress=0.5, tail_s=20.0),
+               VmState(d, MIGRATING, LINK, progress=0.5, tail_s=20.0),
+               VmState(c, MIGRATING, LINK, progress=0.5, tail_s=20.0))
+    assert decide(Snapshot(0.0, running, links)) == []  # even: no caps, nothing set
+    ending = (replace(running[0], tail_s=ENDING_S - 1.0), *running[1:])
+    caps = {x.name: x.bandwidth for x in decide(Snapshot(1.0, ending, links))}
+    assert caps == {"b": reserve(b, LINK), "d": reserve(d, LINK)}
+    assert reserve(b, LINK) == MIN_SHARE * LINK  # an idle VM's reserve is the floor
+    rates = effective(LINK, {"a": LINK, "b": caps["b"], "d": caps["d"]})
+    assert rates["a"] == LINK * (1 - 2 * MIN_SHARE)  # the ending one has the rest
+    # it has ended (the child finishes): the others are let go at once
+    held = (replace(ending[0], sending=False),
+            replace(running[1], bandwidth=caps["b"]), replace(running[2], bandwidth=caps["d"]),
+            running[3])
+    assert {x.name: x.bandwidth for x in decide(Snapshot(2.0, held, links))} == {
+        "b": LINK, "d": LINK}
+
+
+def test_a_vm_that_starts_beside_an_ending_stream_keeps_its_share() -> None:
+    """Its child takes the start's cap as its --bandwidth, a ceiling for its own
+    policies (the switchover rate): a start is not held to its reserve, only the
+    streams already sending are."""
+    a, b, q = idle("a"), idle("b"), idle("q")
+    acts = decide(Snapshot(0.0, (VmState(a, MIGRATING, LINK, progress=0.9, tail_s=1.0),
+                                 VmState(b, MIGRATING, LINK, progress=0.5, tail_s=20.0),
+                                 VmState(q)), LINKS, max_parallel=3))
+    got = {x.name: (type(x).__name__, x.bandwidth) for x in acts}
+    assert got == {"b": ("SetBandwidth", reserve(b, LINK)), "q": ("Start", LINK)}
