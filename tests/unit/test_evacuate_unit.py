@@ -41,9 +41,7 @@ def test_separate_links_place_a_heavy_vm_where_the_plan_ends_soonest() -> None:
     """The busy fleet of docs/results/evacuate-2026-11-27.md (measured facts, two
     100 Mbit/s links): balancing first-pass wire bytes put the whole-page writer
     (heavy: it runs alone on its link) behind two others; placed by the plan's model
-    it shares its link with the idle guest only, and the plan ends 4 s sooner (7 s
-    before an ending stream held the others on its link to their reserves, which
-    shortens the bytes rule's plan too)."""
+    it shares its link with the idle guest only, and the plan ends 7 s sooner."""
     link = 12.5e6
     links = {"d1": link, "d2": link}
     vms = [VmFacts("db0", 192 * M, 153510531, 13042399, 2.084, 28.729),
@@ -59,7 +57,7 @@ def test_separate_links_place_a_heavy_vm_where_the_plan_ends_soonest() -> None:
     assert with_pages == {"pages", "idle"}
     t_model = simulate(fleet.with_links(vms, by_model, True), links, 6).total_s
     t_bytes = simulate(fleet.with_links(vms, by_bytes, True), links, 6).total_s
-    assert t_model < t_bytes - 3.0  # negative control: the bytes rule is the slow one
+    assert t_model < t_bytes - 5.0  # negative control: the bytes rule is the slow one
     # memory still decides where a VM can go at all
     where, nowhere = fleet.place(vms, {"d1": 8 << 30, "d2": 300 * M}, True, links)
     assert set(where.values()) == {"d1"} and nowhere == []

@@ -24,12 +24,7 @@ operator says they have their own):
   finishing and counts for neither); an idle link always starts its head (a reserve
   above the whole link, not heavy: it runs alone); the links take turns, least busy
   first; a stream expected to end within ``ENDING_S`` (what a start costs before its
-  first byte) holds no room and is not capped, so the next start overlaps its tail,
-  and the other streams on its link are held to their reserves until it ends: its
-  last rounds and its stop-and-copy get the link (shortest remaining first), where an
-  even split had the switchover's last pages queue behind the others' first passes
-  (guest pauses of 0.45-1.3 s, docs/results/evacuate-2026-11-28.md, set d), and the
-  others' switchovers then come apart instead of at once;
+  first byte) holds no room and is not capped, so the next start overlaps its tail;
 - caps are upper limits, under which TCP shares the link evenly (:func:`effective`:
   each stream gets the lesser of its cap and the even level of what is left). A cap
   below the link is set only where that even split would starve a VM of its reserve
@@ -222,14 +217,7 @@ def decide(s: Snapshot) -> list[Action]:
         # an ending stream is not capped: what starts beside it sends nothing for
         # its first ENDING_S (child start, prepare), and the tail should be done by then
         caps = split(link, [v.facts for v in holding[ln] + starting[ln]])
-        ending = [v for v in mine[ln] if v.ending]
-        caps.update({v.facts.name: link for v in ending})
-        if ending:  # its last rounds and its stop-and-copy get the link: the others
-            # sending are held to their reserves until it ends (shortest remaining
-            # first). One starting keeps its share: its child takes its --bandwidth as
-            # a ceiling, and it sends nothing for its first ENDING_S anyway
-            caps.update({v.facts.name: min(caps[v.facts.name], reserve(v.facts, link))
-                         for v in holding[ln]})
+        caps.update({v.facts.name: link for v in mine[ln] if v.ending})
         gets = effective(link, caps)
         for v in mine[ln]:
             new = caps[v.facts.name]
