@@ -5,9 +5,11 @@ migration starts with zstd keeping lz4's delta cache
 (:func:`~livemig.policy.encoding.start_choice`) and the page sample runs beside the
 first pass (:attr:`~livemig.engine.adapt.Adapted.deferred`); :func:`switch` then sets
 the chosen codec on the source, whose channels take it at their next packet: lz4-delta
-finds every page sent so far in the cache, any other choice drops it. QEMU refuses what
-would break the delta cache (resizing it, making it again after it was dropped), which
-this never asks: the choice's cache is the start's size, and the stream switches once.
+finds every page sent so far in the cache, zstd+delta keeps zstd and the cache until
+the first pass is over (the executor's ``AfterFirstPass`` then sets lz4), any other
+choice drops it. QEMU refuses what would break the delta cache (resizing it, making it
+again after it was dropped), which this never asks: the choice's cache is the start's
+size, and the stream switches once here (and once more, to lz4, for zstd+delta).
 
 Only the multifd codec settings change mid-stream (:data:`SWITCHED`); a choice that
 needs anything else (xbzrle, another channel count) is not applied and the report says
