@@ -114,7 +114,7 @@ async def adapt(src: QmpEnd, plan: Plan, hints: Hints, events: EventStream) -> A
     if await _can_defer(src, plan, hints, commands):
         # the delta cache's size needs the guest's RAM and the host's free memory
         # (~0.05 s of queries before `migrate`); the choice reuses what they read
-        known = await context(src, plan, hints)
+        known = await context(src, plan, hints, switch=True)  # _can_defer read it
 
         async def choose(ev: EventStream) -> tuple[dict[str, Any], dict[str, str]]:
             rec, applied = await _encoding(src, plan, hints, commands, ev, auto_converge,
@@ -217,8 +217,9 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
                        "delta": ctx.delta, "switch": ctx.switch,
                        "auto_converge": ctx.auto_converge},
            "page_rates": {k: round(v) for k, v in choice.page_rates.items()}}
-    if choice.after_first_pass():
-        rec["after_first_pass"] = choice.after_first_pass()
+    then = choice.after_first_pass()
+    if then:
+        rec["after_first_pass"] = then
     events.event("encoding chosen", **rec)
     events.say(f"stream encoding {choice.encoding}: {choice.reason}")
     return rec, applied
@@ -251,9 +252,11 @@ def sampler_for(src: QmpEnd, mode: str, commands: set[str],
     return PeekSampler("xp", hmp, XpReader(hmp), qmp=src.cmd), lambda: None
 
 
-async def context(src: QmpEnd, plan: Plan, hints: Hints) -> encoding.Context:
+async def context(src: QmpEnd, plan: Plan, hints: Hints,
+                  switch: bool | None = None) -> encoding.Context:
     """The link (or --bandwidth), the CPUs beside the vCPUs, the guest's RAM and what
-    this QEMU's multifd can encode with, all read from QEMU where QEMU knows it."""
+    this QEMU's multifd can encode with, all read from QEMU where QEMU knows it;
+    ``switch``: whether both ends can switch codecs, when the caller knows already."""
     vcpus = len(await src.cmd("query-cpus-fast"))
     mem = await src.cmd("query-memory-size-summary")
     ram = int(mem.get("base-memory", 0)) + int(mem.get("plugged-memory", 0) or 0)
@@ -273,7 +276,8 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints) -> encoding.Context:
                         else encoding.host_available()),
         codecs=await multifd_codecs(src),
         delta=encoding.DELTA_KEY in params,
-        switch=(bool(hints.dst_switch) and SWITCH_CAP not in plan.explicit
+        switch=(switch if switch is not None else
+                bool(hints.dst_switch) and SWITCH_CAP not in plan.explicit
                 and await _has_switch(src)),
         tls=hints.tls if hints.tls is not None else plan.tls is not None)
 

@@ -113,7 +113,6 @@ class SwitchoverBandwidth:
             f"{why}: avail-switchover-bandwidth -> {rate / 2**20:.1f} MiB/s (the median "
             f"wire rate of the last {len(self.busy)} busy polls)", int(rate))]
 
-
     def _median(self) -> float:
         return statistics.median(self.busy) if self.busy else 0.0
 

@@ -94,8 +94,6 @@ ENCODINGS: dict[str, dict[str, str]] = {
 AFTER_FIRST_PASS: dict[str, dict[str, str]] = {
     "zstd+delta": {"multifd-compression": "lz4"},
 }
-# encodings that send re-sent pages as deltas (a delta cache sized by delta_cache)
-DELTAS = frozenset({"lz4-delta", "zstd+delta"})
 
 
 @dataclass(frozen=True)
@@ -600,7 +598,7 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     reason = (f"{facts}; modelled{how} at {link} and {ctx.cpus:g} CPU for "
               f"{nonzero / 2**20:.0f} MiB non-zero, {dirty_rate / 2**20:.0f} MiB/s dirtied"
               f"{shape}: {why}")
-    if name in DELTAS:
+    if DELTA_KEY in ENCODINGS[name]:  # re-sent pages as deltas: the cache for them
         cache = delta_cache(ctx)
         settings[DELTA_KEY] = f"{cache >> 20}M"
         reason += f"; {cache >> 20} MiB delta cache ({_covers(cache, ctx)})"
