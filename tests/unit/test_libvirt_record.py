@@ -12,7 +12,7 @@ from livemig.settings import merge
 from livemig.virt import plan as P
 from livemig.virt import record
 from livemig.virt.run import DomainOptions, DomainRun, Outcome, ram_check_failed, ram_check_ok
-from livemig.virt.stats import disk_sample, query_migrate
+from livemig.virt.stats import PageRate, disk_sample, query_migrate
 
 STOCK = P.QemuInfo(frozenset({"xbzrle", "auto-converge", "multifd"}), {},
                    frozenset({"migrate-set-parameters"}))
@@ -132,3 +132,19 @@ def test_the_call_is_split_where_qemus_own_migration_began() -> None:
     rep = record.report(_run(completed_stats=dict(JOB)))
     assert rep["libvirt"]["phases"] == {"prepare_s": None, "migration_s": None}
     assert qemu_time(rep) is None
+
+
+def test_the_page_rate_is_the_growth_of_libvirts_page_counters_per_second_of_the_job() -> None:
+    rate = PageRate()
+    job = {"memory_page_size": 4096, "memory_normal": 1000, "memory_constant": 24,
+           "time_elapsed": 2000}
+    assert rate.update(job) == 0.0  # the first poll: nothing to compare with
+    later = {**job, "memory_normal": 3000, "compression_pages": 48, "time_elapsed": 2500}
+    assert rate.update(later) == (2000 + 48) * 4096 / 0.5
+    assert rate.update(later) == 0.0  # no time went by
+    assert rate.update({**job, "time_elapsed": 2600}) == 0.0  # a new job: counters went back
+    assert rate.update({"memory_normal": 5}) == 0.0  # no clock
+    reply = query_migrate({**later, "memory_total": 1 << 30, "memory_processed": 1},
+                          page_rate=8 * 4096.0)
+    assert Observation.parse(1.0, reply).page_rate == 8 * 4096.0
+    assert Observation.parse(1.0, query_migrate(later)).page_rate == 0.0

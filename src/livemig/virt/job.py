@@ -37,7 +37,7 @@ from typing import Any
 
 from livemig.errors import VMError
 from livemig.virt.conn import message
-from livemig.virt.stats import query_migrate
+from livemig.virt.stats import PageRate, query_migrate
 
 ABORT_RETRY_S = 1.0
 # a cancelled job's call may take this long to return before the source QEMU's own
@@ -64,6 +64,7 @@ class DomainJob:
         self.yanked = False
         self.error: BaseException | None = None
         self.stats: dict[str, Any] | None = None  # the last poll's job statistics
+        self._pages = PageRate()  # QEMU's pages-per-second, which libvirt does not pass on
         self.detached: str | None = None  # the source QEMU's status, once left to libvirt
         self._first_abort: float | None = None
         self._last_abort = 0.0
@@ -158,7 +159,8 @@ class DomainJob:
         if stats.get("type", 0) == self.libvirt.VIR_DOMAIN_JOB_NONE:
             stats = {}
         self.stats = stats
-        return query_migrate(stats, self.throttle(), self._postcopy())
+        return query_migrate(stats, self.throttle(), self._postcopy(),
+                             self._pages.update(stats))
 
     def _postcopy(self) -> bool:
         """The source paused for post-copy: the destination runs the guest."""

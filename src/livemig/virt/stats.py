@@ -15,19 +15,52 @@ from livemig.engine.observe import DISK_COPY
 PREPARE = "prepare"
 
 
+class PageRate:
+    """Bytes/s of guest pages the stream moved between two polls: what QMP's
+    ``pages-per-second`` × page size says in lab and attach runs (QEMU counts normal,
+    zero and xbzrle-encoded pages there). libvirt does not pass that figure on, but
+    its job statistics count the same pages, and their growth per second of the
+    job's own clock (``time_elapsed``) is the same measure. Unlike ``memory_bps``
+    (bytes on the wire) it does not shrink with compression: without it the converge
+    throttle took the wire rate as the rate the remainder drains at and throttled a
+    zstd stream as if it drained at half its speed (92 % for a whole-page writer
+    that converged unthrottled at two at a time, docs/results/evacuate-2026-11-28-d).
+    The downtime budget stays in wire bytes, as QEMU's threshold is
+    (:mod:`livemig.policy.converge`)."""
+
+    KEYS = ("memory_normal", "memory_constant", "compression_pages")
+
+    def __init__(self) -> None:
+        self._last: tuple[float, int] | None = None
+
+    def update(self, stats: dict[str, Any]) -> float:
+        """The rate since the last call: 0.0 on the first, without a clock or page
+        counters, or when they went back (libvirt started a new job)."""
+        page = int(stats.get("memory_page_size") or 4096)
+        pages = sum(int(stats.get(k) or 0) for k in self.KEYS)
+        elapsed = stats.get("time_elapsed")
+        if elapsed is None or not pages:
+            self._last = None
+            return 0.0
+        t = float(elapsed) / 1000.0
+        last, self._last = self._last, (t, pages)
+        if last is None or t <= last[0] or pages < last[1]:
+            return 0.0
+        return (pages - last[1]) * page / (t - last[0])
+
+
 def query_migrate(stats: dict[str, Any] | None, throttle_pct: int = 0,
-                  postcopy: bool = False) -> dict[str, Any]:
+                  postcopy: bool = False, page_rate: float = 0.0) -> dict[str, Any]:
     """QEMU's ``query-migrate`` reply from libvirt's job statistics of a running job.
 
     ``status`` is ``prepare`` until libvirt's job has totals, ``disk`` while only the
     disks are copied, ``postcopy-active`` once the source is paused for post-copy,
     ``device`` once nothing is left to send (libvirt's switchover and finish: no
-    bytes move then, nothing to watch or decide), else ``active``. No page rate:
-    libvirt does not pass QEMU's on, and one derived from its page counters made the
-    converge throttle judge the remainder against the pages drained while QEMU's
-    switchover threshold is in wire bytes (docs/results/libvirt-2026-11-25); no
-    expected downtime either. ``throttle_pct``: the throttle livemig set (the
-    patched QEMU's direct one), else libvirt's auto-converge figure."""
+    bytes move then, nothing to watch or decide), else ``active``. ``page_rate``:
+    bytes/s of guest pages (:class:`PageRate`), QEMU's ``pages-per-second`` once
+    divided by the page size; no expected downtime (libvirt has none).
+    ``throttle_pct``: the throttle livemig set (the patched QEMU's direct one), else
+    libvirt's auto-converge figure."""
     s = stats or {}
     page = int(s.get("memory_page_size") or 4096)
     total = int(s.get("memory_total") or 0)
@@ -51,7 +84,8 @@ def query_migrate(stats: dict[str, Any] | None, throttle_pct: int = 0,
     info["ram"] = {"transferred": processed, "remaining": remaining, "total": total,
                    "dirty-sync-count": int(s.get("memory_iteration") or 0),
                    "dirty-pages-rate": int(s.get("memory_dirty_rate") or 0),
-                   "page-size": page, "mbps": bps * 8 / 1e6}
+                   "page-size": page, "mbps": bps * 8 / 1e6,
+                   "pages-per-second": page_rate / page}
     info["cpu-throttle-percentage"] = throttle_pct or int(s.get("auto_converge_throttle")
                                                           or 0)
     return info
