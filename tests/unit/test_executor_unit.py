@@ -51,6 +51,8 @@ class Recorder:
 
     async def set_compression(self, method: str) -> None:
         self.calls.append(("compression", (method,)))  # type: ignore[arg-type]
+        if "compression" in self.refuse:
+            raise NotApplied("compression: refused")
 
     async def start_postcopy(self) -> None:
         self._call("postcopy")
@@ -261,3 +263,24 @@ def test_an_encoding_that_switches_after_the_first_pass_gets_its_switch_once() -
     assert rec.calls == [("compression", ("lz4",))]
     assert [w for w, _ in events] == ["action SetCompression"]
     assert events[0][1]["method"] == "lz4" and "first pass over" in events[0][1]["reason"]
+
+
+def test_the_converge_throttle_hears_of_the_codec_switch_and_when_it_happened() -> None:
+    """It waits a round in the new codec before its first decision, and its drain
+    rates start again once the switch was applied; a refused switch leaves them."""
+    enc = {"encoding": "zstd+delta", "after_first_pass": {"multifd-compression": "lz4"}}
+    for refuse, reset in ((frozenset(), True), (frozenset({"compression"}), False)):
+        ex, _, _ = _executor(cfg=PolicyConfig(throttle="converge"), refuse=refuse)
+        assert ex.converge is not None
+        ex.policies = [ex.converge]  # _executor's scripted policy out
+        ex.after_first_pass(enc)
+
+        async def run(ex: PolicyExecutor = ex) -> None:
+            for t, rounds in ((1.0, 1), (2.0, 1), (3.0, 2)):
+                await ex.tick(Snapshot(t=t, rounds=rounds, remaining=400 * MB,
+                                       dirty_rate=95 * MB, bandwidth=46 * MB,
+                                       page_rate=46 * MB))
+
+        asyncio.run(run())
+        assert ex.throttle_pct == 0  # not judged on the first pass's drain
+        assert (ex.converge.rate.value is None) is reset

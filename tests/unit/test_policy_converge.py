@@ -279,3 +279,32 @@ def test_the_set_switchover_bandwidth_is_the_budget_when_qemus_estimate_collapse
     assert run(told) == []  # 7 MiB fits 48 MiB/s × 0.3 s
     alone = run(ConvergeThrottle(300))
     assert alone and isinstance(alone[-1], SetThrottle) and alone[-1].percent >= DEEP
+
+
+def test_a_first_pass_in_another_codec_does_not_throttle_the_rounds_of_the_new_one():
+    """zstd+delta through libvirt: the whole zstd pages drained at 46 MiB/s, the guest
+    outran that (95 MiB/s distinct) and was held at 90 % at round 2, before the lz4
+    deltas that drained hundreds of MiB/s began. With the switch expected, round 2
+    runs in the new codec first; round 3 is judged on its drain, not the pass's."""
+    def first_pass(p: ConvergeThrottle) -> None:
+        for k in range(8):
+            p.decide(Snapshot(t=0.5 * k, rounds=1, remaining=(400 - 40 * k) * MB,
+                              dirty_rate=95 * MB, bandwidth=46 * MB, page_rate=46 * MB))
+    round2 = Snapshot(t=4.5, rounds=2, remaining=400 * MB, dirty_rate=95 * MB,
+                      bandwidth=46 * MB, page_rate=46 * MB)
+    plain = ConvergeThrottle(300)
+    first_pass(plain)
+    assert [a.percent for a in plain.decide(round2) if isinstance(a, SetThrottle)] == [90]
+
+    p = ConvergeThrottle(300)
+    p.expect_codec_switch()
+    first_pass(p)
+    assert p.decide(round2) == []  # the pass's drain says nothing of the deltas'
+    p.codec_switched()
+    # round 2 in lz4 deltas: pages drained at 800 MiB/s; a guest dirtying 700 MiB/s
+    # of distinct pages still needs a throttle at round 3, judged at that drain
+    assert p.decide(Snapshot(t=4.8, rounds=2, remaining=200 * MB, dirty_rate=95 * MB,
+                             bandwidth=46 * MB, page_rate=800 * MB)) == []
+    acts = p.decide(Snapshot(t=5.1, rounds=3, remaining=420 * MB, dirty_rate=700 * MB,
+                             bandwidth=46 * MB, page_rate=800 * MB))
+    assert len(acts) == 1 and "drained at 800 MiB/s" in acts[0].reason, acts

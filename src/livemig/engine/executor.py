@@ -139,6 +139,8 @@ class PolicyExecutor:
         method = then.get("multifd-compression")
         if method and not any(isinstance(p, AfterFirstPass) for p in self.policies):
             self.policies.append(AfterFirstPass(str(method)))
+            if self.converge is not None:
+                self.converge.expect_codec_switch()
 
     async def tick(self, s: Snapshot) -> Verdict:
         """Run every policy on ``s``, carry out what they decide, renew the throttle's
@@ -173,7 +175,9 @@ class PolicyExecutor:
         elif isinstance(a, SetSwitchoverBandwidth):
             await self._switchover_bandwidth(name, a.bytes_per_s)
         elif isinstance(a, SetCompression):
-            await self._act(name, act.set_compression(a.method))
+            if await self._act(name, act.set_compression(a.method)) \
+                    and self.converge is not None:
+                self.converge.codec_switched()
         elif isinstance(a, SetRamBandwidth):
             await self._act(name, act.set_ram_bandwidth(a.bytes_per_s))
             if 0 < a.bytes_per_s < self.switchover_bw:  # the stream may not go faster

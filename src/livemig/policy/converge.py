@@ -45,6 +45,10 @@ for one more round, and throttled only if the rounds then stop shrinking. Only a
 guest that outran even the fastest drain the first pass showed is throttled at once
 (per-poll drain rates spread widely on a busy host: 21-87 MB/s within one recorded
 pass, whose smoothed rate made a guest that converged alone look unconvergeable).
+When the re-sent pages go in another codec than the first pass (``zstd+delta``:
+whole zstd pages, then lz4 deltas), the pass's drain says nothing of theirs, so the
+first decision waits a round in the new codec whatever the pass showed, and the drain
+rates start again at the switch.
 
 A throttle is not a smooth slowdown: QEMU runs the vCPU for a 10 ms slice
 (``CPU_THROTTLE_TIMESLICE_NS``) and then sleeps it ``θ/(1-θ)`` slices: at 99 % the
@@ -101,6 +105,22 @@ class ConvergeThrottle:
         self._at_max = 0
         self._peak = 0.0  # the fastest drain seen so far (bytes/s)
         self.switchover_w = 0.0  # avail-switchover-bandwidth once set: QEMU's W
+        # the re-sent pages will go in another codec than the first pass (an encoding
+        # switched after it, ``zstd+delta``): the pass's drain says nothing of theirs
+        self._switch_pending = False
+
+    def expect_codec_switch(self) -> None:
+        """The codec changes when the first pass is over: the first decision then
+        waits for one round in the new codec instead of judging it by the pass (whole
+        zstd pages drained at 46 MiB/s where the lz4 deltas after them drained at
+        hundreds)."""
+        self._switch_pending = True
+
+    def codec_switched(self) -> None:
+        """The stream now sends in the new codec: the drain rates seen so far were the
+        old one's (the wire's rate is the link's and stays)."""
+        self.rate = Ewma(0.5)
+        self._peak = 0.0
 
     def set_switchover_bandwidth(self, bytes_per_s: int) -> None:
         """QEMU's switchover decision now uses this rate, not its estimate: so does the
@@ -145,6 +165,9 @@ class ConvergeThrottle:
         r = s.remaining
         budget = w * self.downtime_s  # what QEMU will switch over with
         if r <= budget or prev_len <= 0:
+            return []
+        if prev is None and self._switch_pending:
+            self._switch_pending = False  # measure a round of the new codec first
             return []
         d = r / prev_len  # distinct bytes dirtied per second in the last round
         if s.dirty_rate > 0:
