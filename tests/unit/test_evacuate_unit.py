@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -83,6 +84,35 @@ def test_facts_from_a_sample_and_without() -> None:
     assert fleet.facts_from("a", 1000, 7.0, few).dirty_rate == 7.0  # too few to read
     g = fleet.facts_from("a", 1000, 7.0, None)
     assert (g.nonzero, g.ratio, g.resend_ratio) == (1000, 1.0, 1.0)
+    # whole-page rewrites: their deltas pack worse than the pages do
+    whole = Sample(looked=100, nonzero=25, kept=25, rewritten=5, interval=0.5,
+                   first={"zstd": Codec(2.2, 1e8)}, resend={"zstd": Codec(2.2, 1e8)},
+                   delta={"lz4": Codec(1.6, 1e9)})
+    assert fleet.facts_from("a", 1000, 7.0, whole).resend_ratio == 2.2
+
+
+def test_the_fleet_is_sampled_side_by_side_with_the_dirty_rate_window(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator waits for the slowest measurement, not their sum."""
+    doms = {n: SimpleNamespace(name=lambda n=n: n, info=lambda: [1, 1 << 20, 0, 1])
+            for n in ("a", "b", "c")}
+    monkeypatch.setattr(fleet, "running_domains", lambda conn: doms)
+
+    def slow_rates(conn: object, chosen: list[object]) -> dict[str, float]:
+        time.sleep(0.4)
+        return {"a": 5.0}
+
+    def slow_sample(conn: object, d: object) -> tuple[None, str]:
+        time.sleep(0.4)
+        return None, "no sampler here"
+    monkeypatch.setattr(fleet, "dirty_rates", slow_rates)
+    monkeypatch.setattr(fleet, "sample", slow_sample)
+    t0 = time.monotonic()
+    out = fleet.measure(object(), ["a", "b", "c"])
+    assert time.monotonic() - t0 < 1.0  # one after the other: 1.6 s
+    assert [m.facts.name for m in out] == ["a", "b", "c"]
+    assert [m.facts.dirty_rate for m in out] == [5.0, 0.0, 0.0]
+    assert out[1].note == "dirty rate not measured: assumed 0; no sampler here"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
