@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from livemig.errors import UsageError
-from livemig.evacuate import fleet, report, run, view
+from livemig.evacuate import fleet, report, run, schedule, view
 from livemig.evacuate.pool import _interruptible as pool_interruptible
 from livemig.evacuate.schedule import SHARED_LINK, VmFacts, simulate
 from livemig.policy.encoding import Codec, Sample
@@ -314,3 +314,55 @@ def test_doctor_gate_checks_each_destination_with_the_domains_emulators(
         doctor_gate(src, ["a", "c"], "qemu+tls://a/system",
                     ["qemu+tls://b/system", "qemu+tls://c/system"])
     assert len(asked) == 3  # b with both emulators, then c's first fails
+
+
+class _TimedJobs:
+    """A source daemon whose jobs prepare for 0.3 s, stream until 0.8 s after their
+    first look, then are gone (the child only finishes)."""
+
+    def __init__(self) -> None:
+        self.t0: dict[str, float] = {}
+
+    def lookupByName(self, name: str) -> object:
+        t = time.monotonic() - self.t0.setdefault(name, time.monotonic())
+
+        def job_stats() -> dict[str, int]:
+            if t >= 0.8:
+                return {"type": 0}
+            return {"type": 2, "memory_total": 128 * M, "memory_remaining": 64 * M,
+                    "memory_processed": 0 if t < 0.3 else 64 * M, "memory_bps": M}
+        return SimpleNamespace(jobStats=job_stats)
+
+
+def test_the_drain_measures_what_a_migration_costs_beyond_its_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the first byte (child, prepare) and after the last (switchover, finish,
+    confirm, check): the live ETA and the report take the drain's own figures once a
+    migration has completed, the model's before."""
+    _fake_children(monkeypatch, fail=set(), seconds=1.3)
+    evac = _evac(tmp_path, ["a", "b"])
+    evac.conn = _TimedJobs()
+    assert evac.overhead() == schedule.MODELLED
+    evac.run()
+    assert len(evac.overheads) == 2
+    got = evac.overhead()
+    assert 0.2 < got.pre < 0.6 and 0.2 < got.post < 0.8, evac.overheads
+    plan = simulate([v.facts for v in evac.vms], {SHARED_LINK: 100 * M})
+    rep = report.build(evac, plan, {}, [], 2.0)
+    assert rep["overhead_s"]["measured"]["migrations"] == 2
+    assert rep["overhead_s"]["modelled"]["pre"] == schedule.MODELLED.pre
+
+
+def test_the_eta_counts_what_follows_a_stream_as_the_drain_measured_it() -> None:
+    v = _vm("a", "migrating")
+    v.live = {"rounds": 3, "remaining": 4 * M, "total": 128 * M, "bps": 2 * M}
+    cheap = schedule.Overhead(0.5, 1.0)
+    assert view.vm_eta(v, 1.0, cheap) == 3.0  # 2 s of stream, then 1 s
+    v.live["sent"], v.last_byte = True, 10.0
+    assert view.vm_eta(v, 10.4, cheap) == pytest.approx(0.6)
+    assert view.vm_eta(v, 12.0, cheap) == 0.0
+    q = [_vm("b", "queued")]
+    modelled = view.host_line(q, {SHARED_LINK: 100 * M}, 0.0)
+    measured = view.host_line(q, {SHARED_LINK: 100 * M}, 0.0, cheap)
+    eta = [float(x.split("ETA to empty ")[1].split()[0]) for x in (modelled, measured)]
+    assert eta[0] - eta[1] == pytest.approx(schedule.MODELLED.total - cheap.total, abs=1)

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from livemig.evacuate import schedule
 from livemig.evacuate.schedule import Plan
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,13 @@ def build(evac: Any, plan: Plan, measured: dict[str, Any], nowhere: list[str],
         "wall_s": round(wall_s, 3),
         "started_at": round(getattr(evac, "started_at", 0.0), 3) or None,
         "expected_s": round(plan.total_s, 3),
+        # what a migration cost beyond its bytes: the plan's model and this drain's
+        "overhead_s": {"modelled": {"pre": schedule.MODELLED.pre,
+                                    "post": schedule.MODELLED.post},
+                       "measured": ({"pre": round(evac.overhead().pre, 3),
+                                     "post": round(evac.overhead().post, 3),
+                                     "migrations": len(evac.overheads)}
+                                    if getattr(evac, "overheads", None) else None)},
         "bytes": sum(r["ram_transferred_bytes"] for r in vms),
         "longest_pause_ms": max(pauses, default=None),
         "guest_work_lost_s": {"sum": round(sum(lost), 3), "worst": max(lost)} if lost

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import time
 from dataclasses import dataclass, field, replace
@@ -64,6 +65,10 @@ class Vm:
     reason: str = ""
     left_source: bool = False  # failed, yet no longer runs on the source (see _poll)
     sample_file: Path | None = None  # the measurement's page sample, for the child
+    # this try's stream, seconds since the evacuation began: its first byte (libvirt's
+    # job has RAM processed) and its end (the job gone: the child only finishes)
+    first_byte: float | None = None
+    last_byte: float | None = None
 
     @property
     def name(self) -> str:
@@ -118,6 +123,17 @@ class Evacuation:
         # warm children: the caller's (warming since before the measurement), else
         # the first wave's
         self.pool = pool or warm_pool(len(vms), opts.max_parallel, opts.fixed)
+        # (before its stream, after it) of every migration that completed here
+        self.overheads: list[tuple[float, float]] = []
+
+    def overhead(self) -> schedule.Overhead:
+        """What a migration costs here beyond its bytes, once one has completed: the
+        medians of the completed ones (the live view's ETA, the report), else the
+        model's."""
+        if not self.overheads:
+            return schedule.MODELLED
+        return schedule.Overhead(statistics.median(p for p, _ in self.overheads),
+                                 statistics.median(q for _, q in self.overheads))
 
     def t(self) -> float:
         return time.monotonic() - self.t0
@@ -258,8 +274,12 @@ class Evacuation:
         v.reports.append(rep)
         v.tries[-1].update(exit=rc, outcome=rep.get("outcome"), end=round(self.t(), 3))
         v.proc, v.live = None, {}
+        first, last = v.first_byte, v.last_byte
+        v.first_byte = v.last_byte = None  # a retry streams again
         if rc == 0 and rep.get("outcome") == "completed":
             v.status, v.ended = DONE, self.t()
+            if first is not None and last is not None:
+                self.overheads.append((first - float(v.tries[-1]["t"]), v.ended - last))
             self.event("verified", vm=v.name, ram=rep.get("consistency", {}).get("ram"))
             return
         v.reason = str(rep.get("reason") or f"livemig migrate exited {rc} (log "
@@ -299,13 +319,13 @@ class Evacuation:
         try:
             stats = self.conn.lookupByName(v.name).jobStats()
         except Exception:  # the domain just left (undefined on the source)
-            if v.live.get("job"):
-                v.live["sent"] = True
+            self._sent(v)
             return
         if int(stats.get("type") or 0) == JOB_NONE:
-            if v.live.get("job"):
-                v.live["sent"] = True
+            self._sent(v)
             return
+        if v.first_byte is None and int(stats.get("memory_processed") or 0) > 0:
+            v.first_byte = self.t()
         page = int(stats.get("memory_page_size") or 4096)
         dirty = float(stats.get("memory_dirty_rate") or 0) * page
         v.live = {"job": True, "rounds": int(stats.get("memory_iteration") or 0),
@@ -316,6 +336,13 @@ class Evacuation:
             self.event("busier than measured", vm=v.name, dirty_rate=round(dirty),
                        measured=round(v.facts.dirty_rate))
             v.facts = replace(v.facts, dirty_rate=dirty)
+
+
+    def _sent(self, v: Vm) -> None:
+        """libvirt's job, once seen, is gone: the stream has ended."""
+        if v.live.get("job") and not v.live.get("sent"):
+            v.live["sent"] = True
+            v.last_byte = self.t()
 
 
 def progress(live: dict[str, Any]) -> float:

@@ -2,7 +2,9 @@
 
 On a terminal the block is redrawn in place each second; otherwise (a log, a pipe)
 it is printed whole every ``PLAIN_EVERY_S``. ETA to empty: the running migrations'
-longest ETA (remaining ÷ their rate) plus the plan of what is still queued.
+longest ETA (remaining ÷ their rate, and what follows a stream: switchover, finish,
+confirm, check) plus the plan of what is still queued, with what a migration costs
+beyond its bytes as this drain measured it once one has completed.
 """
 
 from __future__ import annotations
@@ -39,14 +41,29 @@ def vm_line(v: Any, now: float) -> str:
     return f"{head} -> {dst}{wait}"
 
 
-def host_line(vms: list[Any], links: dict[str, float], now: float) -> str:
+def vm_eta(v: Any, now: float, overhead: schedule.Overhead) -> float:
+    """Seconds until a migrating VM is done: what its stream has left at its rate
+    and what follows the stream; a sent one only what is left of that; one not yet
+    sending its modelled whole."""
+    lv = v.live
+    if lv.get("sent"):
+        since = now - v.last_byte if v.last_byte is not None else 0.0
+        return max(0.0, overhead.post - since)
+    if lv.get("bps"):
+        return float(lv["remaining"]) / float(lv["bps"]) + overhead.post
+    return schedule.seconds(v.facts, v.bandwidth or 1.0, overhead)
+
+
+def host_line(vms: list[Any], links: dict[str, float], now: float,
+              overhead: schedule.Overhead = schedule.MODELLED) -> str:
+    """``overhead``: what a migration costs beyond its bytes (the drain's own once
+    one completed)."""
     left = [v for v in vms if v.status in (schedule.QUEUED, schedule.MIGRATING)]
     bytes_left = sum(v.live.get("remaining") or v.facts.nonzero for v in left)
-    etas = [v.live["remaining"] / v.live["bps"] if v.live.get("bps")
-            else schedule.seconds(v.facts, v.bandwidth or 1.0)
-            for v in left if v.status == schedule.MIGRATING]
+    etas = [vm_eta(v, now, overhead) for v in left if v.status == schedule.MIGRATING]
     queued = [v.facts for v in left if v.status == schedule.QUEUED]
-    eta = max(etas, default=0.0) + schedule.simulate(queued, links).total_s
+    eta = max(etas, default=0.0) + schedule.simulate(queued, links,
+                                                     overhead=overhead).total_s
     return (f"[{now:6.1f}s] host: {len(left)} of {len(vms)} VMs left, "
             f"{fmt_bytes(int(bytes_left))} left, ETA to empty {eta:.0f} s")
 
@@ -67,7 +84,7 @@ class View:
             return
         self._last = time.monotonic()
         now = evac.t()
-        lines = [host_line(evac.vms, evac.o.links, now),
+        lines = [host_line(evac.vms, evac.o.links, now, evac.overhead()),
                  *(vm_line(v, now) for v in evac.vms)]
         if self.tty and self._drawn:
             self.stream.write(f"\x1b[{self._drawn}F\x1b[J")
