@@ -66,7 +66,7 @@ class Vm:
     left_source: bool = False  # failed, yet no longer runs on the source (see _poll)
     sample_file: Path | None = None  # the measurement's page sample, for the child
     # this try's stream, seconds since the evacuation began: its first byte (libvirt's
-    # job has RAM processed) and its end (the job gone: the child only finishes)
+    # job has RAM or disk processed) and its end (the job gone: the child only finishes)
     first_byte: float | None = None
     last_byte: float | None = None
 
@@ -324,7 +324,8 @@ class Evacuation:
         if int(stats.get("type") or 0) == JOB_NONE:
             self._sent(v)
             return
-        if v.first_byte is None and int(stats.get("memory_processed") or 0) > 0:
+        if v.first_byte is None and (int(stats.get("memory_processed") or 0)
+                                     or int(stats.get("disk_processed") or 0)):
             v.first_byte = self.t()
         page = int(stats.get("memory_page_size") or 4096)
         dirty = float(stats.get("memory_dirty_rate") or 0) * page
@@ -336,7 +337,6 @@ class Evacuation:
             self.event("busier than measured", vm=v.name, dirty_rate=round(dirty),
                        measured=round(v.facts.dirty_rate))
             v.facts = replace(v.facts, dirty_rate=dirty)
-
 
     def _sent(self, v: Vm) -> None:
         """libvirt's job, once seen, is gone: the stream has ended."""
