@@ -45,6 +45,15 @@ for one more round, and throttled only if the rounds then stop shrinking. Only a
 guest that outran even the fastest drain the first pass showed is throttled at once
 (per-poll drain rates spread widely on a busy host: 21-87 MB/s within one recorded
 pass, whose smoothed rate made a guest that converged alone look unconvergeable).
+The rates model a throttle as slowing the dirtying in proportion, which holds
+while a round is shorter than the guest takes to fill what it rewrites. A set it
+fills faster (a busy database rewriting ~250 MiB within half a second) leaves as
+much after a short round as after a long one, and a light throttle spread over
+rounds does not shrink it: the rounds went 343, 306, 261, 243 MiB at 17-19 %
+before one round at 96 % ended them (docs/results/libvirt-2026-11-28e). So from
+the fourth round on, when a re-send round took at most ``SHORTER`` of the one
+before yet its remainder shrank by ``SATURATED_BY`` less than the round did, the
+plan is the one deep round.
 When the re-sent pages go in another codec than the first pass (``zstd+delta``:
 whole zstd pages, then lz4 deltas), the pass's drain says nothing of theirs, so the
 first decision waits a round in the new codec whatever the pass showed, and the drain
@@ -87,6 +96,10 @@ MAX_ROUNDS = 12  # the longest throttled plan weighed (the lightest throttle)
 MAX_FREE_ROUNDS = 30  # an unthrottled guest that shrinks is left to run this many rounds
 TIME_COST = 0.05  # guest work lost per second of migration, unthrottled (see above)
 STALL = 0.95  # a round whose remainder is above 95 % of the last one's made no progress
+# a re-send round at most this share of the one before, whose remainder shrank by
+# SATURATED_BY less than the round did, shows a saturated set (see the module's text)
+SHORTER = 0.8
+SATURATED_BY = 0.15
 
 
 class ConvergeThrottle:
@@ -185,12 +198,20 @@ class ConvergeThrottle:
             # pass showed, a throttle set now may rest on a wrong estimate (it costs
             # θ × T_round) while waiting costs one unthrottled round: measure first
             return []
-        theta, rounds = plan(t_round, free, SAFETY * budget / r)
+        saturated = (prev is not None and s.rounds >= 4 and prev[0] > 0 and prev[1] > 0
+                     and prev_len < SHORTER * prev[0]
+                     and r / prev[1] > prev_len / prev[0] + SATURATED_BY)
+        theta, rounds = plan(t_round, free, SAFETY * budget / r,
+                             max_rounds=1 if saturated else MAX_ROUNDS)
         top = self.max_pct
         pct = max(self.percent, min(top, round(100.0 * theta + 0.5) if theta else 0))
         why = (f"round {s.rounds}: {r >> 20} MiB dirty (distinct rate {d / 2**20:.0f} MiB/s, "
                f"drained at {b / 2**20:.0f} MiB/s, {w / 2**20:.0f} MiB/s on the wire, "
                f"downtime budget {budget / 2**20:.1f} MiB)")
+        if saturated:
+            why += (f"; the last round took {prev_len / prev[0]:.0%} of the one before "
+                    f"and left {r / prev[1]:.0%} of its remainder: a set the guest "
+                    "fills within a round, which only one deep round shrinks")
         if pct > DEEP and t_round > DEEP_MAX_S and self.percent < DEEP:
             pct = DEEP  # the round would keep the guest below 10 % too long: shrink R first
             why += f"; needs more than {DEEP}% for {t_round:.1f}s: {DEEP}% this round"
@@ -209,13 +230,15 @@ class ConvergeThrottle:
                             f"round{'s' if rounds > 1 else ''}", pct)]
 
 
-def plan(t_round: float, free: float, target: float) -> tuple[float, int]:
-    """(θ, n): the throttle, and the rounds it takes, that shrink the remainder to
-    ``target`` (a share of it) at the least guest work lost plus ``TIME_COST`` per
-    second. ``t_round``: the next round's length; ``free``: how much each round
-    leaves of the one before with no throttle at all (q at θ = 0)."""
+def plan(t_round: float, free: float, target: float,
+         max_rounds: int = MAX_ROUNDS) -> tuple[float, int]:
+    """(θ, n): the throttle, and the rounds it takes (at most ``max_rounds``), that
+    shrink the remainder to ``target`` (a share of it) at the least guest work lost
+    plus ``TIME_COST`` per second. ``t_round``: the next round's length; ``free``:
+    how much each round leaves of the one before with no throttle at all (q at
+    θ = 0)."""
     best: tuple[float, float, int] | None = None  # (cost, θ, n)
-    for n in range(1, MAX_ROUNDS + 1):
+    for n in range(1, max_rounds + 1):
         q_n = target ** (1.0 / n)
         theta = max(0.0, 1.0 - q_n / free) if free > 0 else 0.0
         q = min(q_n, free) if theta == 0.0 else q_n
@@ -226,7 +249,7 @@ def plan(t_round: float, free: float, target: float) -> tuple[float, int]:
         if theta == 0.0:
             return best[1], best[2]  # more rounds only add time
     assert best is not None
-    if 0.0 < free < 1.0:
+    if 0.0 < free < 1.0 and max_rounds == MAX_ROUNDS:
         # rounds that shrink on their own, only slower than MAX_ROUNDS allows (a small
         # budget: compression makes QEMU's wire-rate budget small): leaving them alone
         # costs only time, a light throttle costs θ of every one of its seconds
