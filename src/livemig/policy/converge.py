@@ -208,7 +208,7 @@ class ConvergeThrottle:
         why = (f"round {s.rounds}: {r >> 20} MiB dirty (distinct rate {d / 2**20:.0f} MiB/s, "
                f"drained at {b / 2**20:.0f} MiB/s, {w / 2**20:.0f} MiB/s on the wire, "
                f"downtime budget {budget / 2**20:.1f} MiB)")
-        if saturated:
+        if saturated and prev is not None:
             why += (f"; the last round took {prev_len / prev[0]:.0%} of the one before "
                     f"and left {r / prev[1]:.0%} of its remainder: a set the guest "
                     "fills within a round, which only one deep round shrinks")
