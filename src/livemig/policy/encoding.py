@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -149,9 +150,26 @@ def _share(delta: bytes) -> float:
     return 1.0 - delta.count(0) / len(delta)
 
 
+_LOCAL = threading.local()
+
+
+def _zstd(level: int) -> Callable[[bytes], bytes]:
+    """zstd at ``level`` with a compressor of the calling thread's own: one
+    ``ZstdCompressor`` used by two threads at once crashes the process (python-
+    zstandard's objects are not thread-safe; an evacuation samples its domains side
+    by side and took SIGSEGV)."""
+    def compress(b: bytes) -> bytes:
+        per_thread = _LOCAL.__dict__.setdefault("zstd", {})
+        c = per_thread.get(level)
+        if c is None:
+            c = per_thread[level] = zstandard.ZstdCompressor(level=level)
+        return bytes(c.compress(b))
+    return compress
+
+
 _COMPRESS: dict[str, Callable[[bytes], bytes]] = {
-    "zstd": zstandard.ZstdCompressor(level=1).compress,
-    "zstd-3": zstandard.ZstdCompressor(level=3).compress,  # a level of zstd: LEVELS
+    "zstd": _zstd(1),
+    "zstd-3": _zstd(3),  # a level of zstd: LEVELS
     "lz4": lambda b: lz4.block.compress(b, store_size=False),
 }
 # A codec at another level than QEMU's default, measured on the same pages (the peek
