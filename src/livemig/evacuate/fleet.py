@@ -145,18 +145,22 @@ def _best(codecs: dict[str, Any]) -> float | None:
 def measure(conn: Any, names: list[str], do_sample: bool = True) -> list[Measured]:
     """Every domain's facts. The dirty rates (QEMU's ``DIRTY_CALC_S`` window, all
     domains at once) and the page samples (each in its QEMU, ~0.5-0.7 s) are taken
-    side by side: the operator waits for the slowest of them, not their sum (one
-    domain after the other, five took 3.5-3.7 s, docs/results/evacuate-2026-11-28.md;
-    a sample's codec timings are its thread's CPU time, so sharing the host's CPUs
-    with the others does not skew them)."""
+    side by side, as many samples at once as the source host has CPUs (each costs
+    ~0.2 s of CPU that its guests and the others' share): one domain after the
+    other, five took 3.5-3.7 s before the drain could start, and a fleet of a
+    hundred would wait a minute; all five at once took 1.0-1.5 s but held every
+    guest of this 2-core host at half its speed meanwhile
+    (docs/results/evacuate-2026-11-28.md). A sample's codec timings are its
+    thread's CPU time, so sharing the CPUs does not skew them."""
     doms = running_domains(conn)
     chosen = [doms[n] for n in names]
 
     def sampled(d: Any) -> tuple[SampleResult | None, str, float]:
         s, how = sample(conn, d) if do_sample else (None, "not sampled (--no-sample)")
         return s, how, time.time()
-    with ThreadPoolExecutor(max_workers=len(chosen) + 1) as pool:
-        rates_f = pool.submit(dirty_rates, conn, chosen)
+    with ThreadPoolExecutor(max_workers=1) as rate_pool, \
+            ThreadPoolExecutor(max_workers=host_cpus(conn)) as pool:
+        rates_f = rate_pool.submit(dirty_rates, conn, chosen)
         samples_f = [pool.submit(sampled, d) for d in chosen]
         rates = rates_f.result()
         samples = [f.result() for f in samples_f]
@@ -171,6 +175,14 @@ def measure(conn: Any, names: list[str], do_sample: bool = True) -> list[Measure
                             "; ".join(x for x in (note, "" if s else how) if x),
                             s, at))
     return out
+
+
+def host_cpus(conn: Any) -> int:
+    """The source host's CPUs (``virNodeGetInfo``), 1 when it cannot be told."""
+    try:
+        return max(1, int(conn.getInfo()[2]))
+    except Exception:  # an old daemon, a test's connection: one at a time
+        return 1
 
 
 def write_sample(out: Path, m: Measured) -> Path | None:

@@ -66,7 +66,8 @@ class Vm:
     left_source: bool = False  # failed, yet no longer runs on the source (see _poll)
     sample_file: Path | None = None  # the measurement's page sample, for the child
     # this try's stream, seconds since the evacuation began: its first byte (libvirt's
-    # job has RAM or disk processed) and its end (the job gone: the child only finishes)
+    # job has RAM or disk processed) and its last (no RAM left: the switchover; or the
+    # job gone). libvirt's job lasts through the destination's finish and the confirm
     first_byte: float | None = None
     last_byte: float | None = None
 
@@ -324,9 +325,11 @@ class Evacuation:
         if int(stats.get("type") or 0) == JOB_NONE:
             self._sent(v)
             return
-        if v.first_byte is None and (int(stats.get("memory_processed") or 0)
-                                     or int(stats.get("disk_processed") or 0)):
+        processed = int(stats.get("memory_processed") or 0)
+        if v.first_byte is None and (processed or int(stats.get("disk_processed") or 0)):
             v.first_byte = self.t()
+        if v.last_byte is None and processed and not int(stats.get("memory_remaining") or 0):
+            v.last_byte = self.t()  # the switchover: libvirt's job lasts until confirm
         page = int(stats.get("memory_page_size") or 4096)
         dirty = float(stats.get("memory_dirty_rate") or 0) * page
         v.live = {"job": True, "rounds": int(stats.get("memory_iteration") or 0),
@@ -342,7 +345,8 @@ class Evacuation:
         """libvirt's job, once seen, is gone: the stream has ended."""
         if v.live.get("job") and not v.live.get("sent"):
             v.live["sent"] = True
-            v.last_byte = self.t()
+            if v.last_byte is None:
+                v.last_byte = self.t()
 
 
 def progress(live: dict[str, Any]) -> float:

@@ -46,9 +46,10 @@ def vm_eta(v: Any, now: float, overhead: schedule.Overhead) -> float:
     and what follows the stream; a sent one only what is left of that; one not yet
     sending its modelled whole."""
     lv = v.live
+    if v.last_byte is not None:
+        return max(0.0, overhead.post - (now - float(v.last_byte)))
     if lv.get("sent"):
-        since = now - v.last_byte if v.last_byte is not None else 0.0
-        return max(0.0, overhead.post - since)
+        return 0.0
     if lv.get("bps"):
         return float(lv["remaining"]) / float(lv["bps"]) + overhead.post
     return schedule.seconds(v.facts, v.bandwidth or 1.0, overhead)
