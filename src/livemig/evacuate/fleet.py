@@ -148,8 +148,8 @@ def measure(conn: Any, names: list[str], do_sample: bool = True) -> list[Measure
     side by side, as many samples at once as the source host has CPUs (each costs
     ~0.2 s of CPU that its guests and the others' share): one domain after the
     other, five took 3.5-3.7 s before the drain could start, and a fleet of a
-    hundred would wait a minute; all five at once took 1.0-1.5 s but held every
-    guest of this 2-core host at half its speed meanwhile
+    hundred would wait a minute; all five at once took 1.0-1.5 s but slowed every
+    guest of this 2-core host by about a third meanwhile
     (docs/results/evacuate-2026-11-28.md). A sample's codec timings are its
     thread's CPU time, so sharing the CPUs does not skew them."""
     doms = running_domains(conn)
