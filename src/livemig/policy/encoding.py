@@ -41,6 +41,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import lz4.block  # type: ignore[import-untyped]
 import zstandard
@@ -163,7 +164,7 @@ def _zstd(level: int) -> Callable[[bytes], bytes]:
         c = per_thread.get(level)
         if c is None:
             c = per_thread[level] = zstandard.ZstdCompressor(level=level)
-        return bytes(c.compress(b))
+        return cast(bytes, c.compress(b))  # not copied: this is what is timed
     return compress
 
 
