@@ -49,8 +49,9 @@ The rates model a throttle as slowing the dirtying in proportion, which holds
 while a round is shorter than the guest takes to fill what it rewrites. A set it
 fills faster (a busy database rewriting ~250 MiB within half a second) leaves as
 much after a short round as after a long one, and a light throttle spread over
-rounds does not shrink it: the rounds went 343, 306, 261, 243 MiB at 17-19 %
-before one round at 96 % ended them (docs/results/libvirt-2026-11-28e). So from
+rounds does not shrink it: the rounds went 343, 306, 261, 243 MiB, unthrottled or
+(in other runs) at 16-19 % over 12 rounds, before one round at 96 % ended them
+(docs/results/libvirt-2026-11-28e, set b). So from
 the fourth round on, when a re-send round took at most ``SHORTER`` of the one
 before yet its remainder shrank by ``SATURATED_BY`` less than the round did, the
 plan is the one deep round.
