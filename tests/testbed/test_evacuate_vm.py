@@ -168,6 +168,33 @@ def _wait_migrating(out: Path, timeout: float = 120) -> None:
     raise AssertionError("no migration started")
 
 
+def _wait_streaming_to(out: Path, side: str, timeout: float = 120) -> str:
+    """A domain whose migration to ``side`` is sending its RAM (its child's command
+    names that destination; the source's job has bytes processed): on a 1 Gbit/s
+    link a small guest's whole migration takes a second or two, so a fixed wait
+    after the first child started overshot it (the drain was over in 4.9 s)."""
+    from livemig.virt.conn import libvirt_module
+
+    libvirt = libvirt_module()
+    uri = libvirtd.uri(side)
+    end = time.monotonic() + timeout
+    src = _conn("src")
+    try:
+        while time.monotonic() < end:
+            for log in out.glob("*.log"):
+                with contextlib.suppress(OSError):
+                    if f"--to {uri} " not in log.read_text():
+                        continue
+                with contextlib.suppress(libvirt.libvirtError):
+                    stats = src.lookupByName(log.stem).jobStats()
+                    if int(stats.get("memory_processed") or 0) > 0:
+                        return log.stem
+            time.sleep(0.05)
+    finally:
+        src.close()
+    raise AssertionError(f"no migration to {side} started sending")
+
+
 def _settled(names: list[str], timeout: float = 180,
              unseen: bool = False) -> dict[str, list[str]]:
     """Every domain on exactly one host (waits for running jobs to end); ``unseen``:
@@ -241,7 +268,7 @@ def _restart_dst2() -> None:
 def test_destination_daemon_stopped_mid_drain_fails_only_its_vms(fleet: list[str],
                                                                  tmp_path: Path) -> None:
     proc = _start(tmp_path)
-    _wait_migrating(tmp_path / "ev")
+    _wait_streaming_to(tmp_path / "ev", "dst2")
     pid = libvirtd.daemon_pid("dst2")
     assert pid is not None
     os.kill(pid, signal.SIGKILL)  # the destination's daemon goes away mid-drain
