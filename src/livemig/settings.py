@@ -273,6 +273,11 @@ def profile_settings(profile: str) -> dict[str, str]:
     return dict(PROFILES[profile])
 
 
+def is_on(value: str) -> bool:
+    """A setting's value reads as on (``on``, ``true``, ``yes``, ``1``)."""
+    return value.lower() in _TRUE
+
+
 def _bool(key: str, value: str) -> bool:
     v = value.lower()
     if v in _TRUE:

@@ -275,7 +275,8 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
         host_available=(hints.host_available if hints.host_available is not None
                         else encoding.host_available()),
         codecs=await multifd_codecs(src),
-        delta=encoding.DELTA_KEY in params,
+        # QEMU refuses lz4's delta cache beside postcopy-ram (patch 0005)
+        delta=encoding.DELTA_KEY in params and not plan.postcopy,
         switch=(switch if switch is not None else
                 bool(hints.dst_switch) and SWITCH_CAP not in plan.explicit
                 and await _has_switch(src)),

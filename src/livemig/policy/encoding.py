@@ -239,7 +239,13 @@ def start_choice(ctx: Context) -> Choice:
     sent ~4 % more of a whole-page writer than zstd (lz4's ratio until the sample was
     in); zstd without the cache sent each page of the records guest's first 0.7 s whole
     twice (6.27 s against 5.61 s sampled first). A choice of zstd drops the cache.
-    A QEMU built without zstd starts with lz4-delta instead."""
+    A QEMU built without zstd starts with lz4-delta instead. Without the delta cache
+    (``ctx.delta`` off: post-copy may follow, and QEMU refuses the cache with
+    postcopy-ram) the start is zstd alone, else lz4, else plain."""
+    if not ctx.delta:
+        name = next((c for c in ("zstd", "lz4") if c in ctx.codecs), "plain")
+        return Choice(name, "until the sample is in (no delta cache: the stream may "
+                      "turn to post-copy, which QEMU refuses it with)")
     cache = delta_cache(ctx)
     zstd = "zstd" in ctx.codecs
     why = ", for a switch to lz4-delta" if zstd else " (this QEMU has no zstd)"
