@@ -273,6 +273,12 @@ def profile_settings(profile: str) -> dict[str, str]:
     return dict(PROFILES[profile])
 
 
+def postcopy_planned(livemig: Mapping[str, Any]) -> bool:
+    """The livemig settings (converted) may turn the migration to post-copy: it
+    needs postcopy-ram from the start."""
+    return livemig["on-stall"] == "postcopy" or float(livemig.get("postcopy-after") or 0) > 0
+
+
 def is_on(value: str) -> bool:
     """A setting's value reads as on (``on``, ``true``, ``yes``, ``1``)."""
     return value.lower() in _TRUE

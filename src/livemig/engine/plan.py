@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from livemig.errors import UsageError
-from livemig.settings import LIVEMIG_SETTINGS, PROFILES, is_on
+from livemig.settings import LIVEMIG_SETTINGS, PROFILES, is_on, postcopy_planned
 from livemig.tls.creds import Tls
 
 # --max-time when none is given: a full pass of a 64 GiB guest at 1 Gbit/s takes about
@@ -65,8 +65,7 @@ class Plan:
         """The migration may turn to post-copy (postcopy-ram on: ``on-stall=postcopy``,
         ``postcopy-after``, or the capability set), which rules out what QEMU refuses
         beside it (the patched build's lz4 delta cache)."""
-        lm = self.livemig_settings()
-        return (lm["on-stall"] == "postcopy" or float(lm["postcopy-after"]) > 0
+        return (postcopy_planned(self.livemig_settings())
                 or is_on(self.wanted.get("postcopy-ram", "off")))
 
     def with_settings(self, extra: Mapping[str, str]) -> Plan:

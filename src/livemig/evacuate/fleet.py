@@ -158,9 +158,9 @@ def measure(conn: Any, names: list[str], do_sample: bool = True) -> list[Measure
     def sampled(d: Any) -> tuple[SampleResult | None, str, float]:
         s, how = sample(conn, d) if do_sample else (None, "not sampled (--no-sample)")
         return s, how, time.time()
-    with ThreadPoolExecutor(max_workers=1) as rate_pool, \
-            ThreadPoolExecutor(max_workers=host_cpus(conn)) as pool:
-        rates_f = rate_pool.submit(dirty_rates, conn, chosen)
+    # the dirty-rate window first (one worker, mostly waiting), then the samples
+    with ThreadPoolExecutor(max_workers=host_cpus(conn) + 1) as pool:
+        rates_f = pool.submit(dirty_rates, conn, chosen)
         samples_f = [pool.submit(sampled, d) for d in chosen]
         rates = rates_f.result()
         samples = [f.result() for f in samples_f]

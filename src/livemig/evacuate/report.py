@@ -45,6 +45,8 @@ def build(evac: Any, plan: Plan, measured: dict[str, Any], nowhere: list[str],
     lost = [r["guest_work_lost_s"] for r in vms if r["guest_work_lost_s"] is not None]
     pauses = [r["downtime_ms"] for r in done if r["downtime_ms"] is not None]
     emptied = len(done) == len(vms) and not nowhere
+    seen = list(getattr(evac, "overheads", None) or [])  # what the drain measured
+    own = evac.overhead() if seen else None
     return {
         "outcome": "emptied" if emptied else ("cancelled" if evac.cancelled else "incomplete"),
         "reason": evac.cancelled or None,
@@ -56,10 +58,9 @@ def build(evac: Any, plan: Plan, measured: dict[str, Any], nowhere: list[str],
         # what a migration cost beyond its bytes: the plan's model and this drain's
         "overhead_s": {"modelled": {"pre": schedule.MODELLED.pre,
                                     "post": schedule.MODELLED.post},
-                       "measured": ({"pre": round(evac.overhead().pre, 3),
-                                     "post": round(evac.overhead().post, 3),
-                                     "migrations": len(evac.overheads)}
-                                    if getattr(evac, "overheads", None) else None)},
+                       "measured": ({"pre": round(own.pre, 3), "post": round(own.post, 3),
+                                     "migrations": len(seen)}
+                                    if own is not None else None)},
         "bytes": sum(r["ram_transferred_bytes"] for r in vms),
         "longest_pause_ms": max(pauses, default=None),
         "guest_work_lost_s": {"sum": round(sum(lost), 3), "worst": max(lost)} if lost

@@ -62,6 +62,7 @@ from livemig.settings import (
     LIVEMIG_SETTINGS,
     SWITCH_CAP,
     _convert_param,
+    postcopy_planned,
     ram_check_budget_s,
 )
 
@@ -357,7 +358,7 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
         raise UsageError("throttle=dirty-limit: libvirt 9.0 has no dirty-limit migration "
                          "flag (and it needs KVM with a dirty ring)")
     on_stall = str(lm["on-stall"])
-    if on_stall == "postcopy" or float(lm.get("postcopy-after") or 0) > 0:
+    if postcopy_planned(lm):
         flags |= POSTCOPY
     for key, why in NOT_UNDER_LIBVIRT.items():
         if lm[key] == LIVEMIG_SETTINGS[key].default:
