@@ -76,19 +76,38 @@ def test_facts_from_a_sample_and_without() -> None:
                first={"zstd": Codec(3.0, 1e8), "plain": Codec(1.0, 1e9)},
                delta={"lz4": Codec(20.0, 1e9)})
     # the sample's own dirty rate (5 of 25 kept pages rewritten in 0.5 s of 250 bytes
-    # non-zero: 100 bytes/s) when QEMU's calc-dirty-rate read less, QEMU's when more
+    # non-zero: 100 bytes/s), whatever QEMU's window read below it
     f = fleet.facts_from("a", 1000, 7.0, s)
     assert (f.nonzero, f.ratio, f.resend_ratio, f.dirty_rate) == (250, 3.0, 20.0, 100.0)
-    assert fleet.facts_from("a", 1000, 300.0, s).dirty_rate == 300.0
     few = Sample(looked=100, nonzero=25, kept=10, rewritten=5, interval=0.5)
     assert fleet.facts_from("a", 1000, 7.0, few).dirty_rate == 7.0  # too few to read
+    assert fleet.facts_from("a", 1000, None, few).dirty_rate == 0.0  # nothing measured
     g = fleet.facts_from("a", 1000, 7.0, None)
-    assert (g.nonzero, g.ratio, g.resend_ratio) == (1000, 1.0, 1.0)
+    assert (g.nonzero, g.ratio, g.resend_ratio, g.dirty_rate) == (1000, 1.0, 1.0, 7.0)
     # whole-page rewrites: their deltas pack worse than the pages do
     whole = Sample(looked=100, nonzero=25, kept=25, rewritten=5, interval=0.5,
                    first={"zstd": Codec(2.2, 1e8)}, resend={"zstd": Codec(2.2, 1e8)},
                    delta={"lz4": Codec(1.6, 1e9)})
     assert fleet.facts_from("a", 1000, 7.0, whole).resend_ratio == 2.2
+
+
+def test_the_dirty_rate_is_the_samples_unless_qemus_window_reads_significantly_more(
+        ) -> None:
+    """QEMU's window (one changed page of its ~100 on a 192 MiB guest reads 2 MiB/s)
+    against the page sample's thousands of pages: set h's whole-page writer, 20 MiB/s
+    in the window and 11.3 in the sample, was noise, not a busier guest."""
+    mib = float(1 << 20)
+    assert fleet.dirty_rate(20 * mib, 11.3 * mib) == (11.3 * mib, "sample")
+    assert fleet.dirty_rate(18 * mib, 12 * mib) == (12 * mib, "sample")
+    assert fleet.dirty_rate(5 * mib, 12 * mib) == (12 * mib, "sample")
+    # 11 changed pages where the sample's rate gives 3 (2σ: 6.5): a busier guest
+    assert fleet.dirty_rate(22 * mib, 6 * mib) == (22 * mib, "window")
+    # an idle sample: one changed page in the window is noise, three are not
+    assert fleet.dirty_rate(2 * mib, 0.0) == (0.0, "sample")
+    assert fleet.dirty_rate(6 * mib, 0.0) == (6 * mib, "window")
+    assert fleet.dirty_rate(7 * mib, None) == (7 * mib, "window")
+    assert fleet.dirty_rate(None, None) == (0.0, "none")
+    assert fleet.sample_rate(1000, None) is None
 
 
 def test_the_fleet_is_sampled_side_by_side_with_the_dirty_rate_window(

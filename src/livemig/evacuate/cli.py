@@ -199,8 +199,8 @@ def _evacuate(a: argparse.Namespace, src: Any, names: list[str], dsts: list[str]
     t0 = time.monotonic()
     evac.run()
     evac.view.show(evac, force=True)
-    rep = report.build(evac, plan, {m.facts.name: {"sampler": m.sampler, "note": m.note}
-                                    for m in measured}, nowhere, time.monotonic() - t0)
+    rep = report.build(evac, plan, {m.facts.name: m.detail() for m in measured}, nowhere,
+                       time.monotonic() - t0)
     rep["measure_s"] = round(measure_s, 3)  # before the drain: not in time_to_empty_s
     rep["doctor_s"] = round(doctor_s, 3)  # likewise
     path = report.write(rep, out)

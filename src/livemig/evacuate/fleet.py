@@ -1,15 +1,17 @@
 """The source host's fleet, measured before the plan, and where each VM goes.
 
-Per running domain: its memory (``virDomainGetInfo``), its dirty rate (libvirt's
-``virDomainStartDirtyRateCalc``, QEMU's ``calc-dirty-rate`` in page-sampling mode,
-all domains at once, so the whole fleet costs one ``DIRTY_CALC_S``). Page sampling
-errs high on small guests (64 pages looked at on 128 MiB: 31-43 MiB/s read for a
-12 MB/s writer), which only makes the plan cautious; dirty-bitmap mode (distinct
-pages, exact in principle) read 0 for every writer under TCG on this testbed, which
-would make the plan reckless, so it is not used), and a page sample (the same
-samplers as the engine's encoding choice, :func:`livemig.engine.adapt.sampler_for`:
-the patched QEMU's own, else libvirt's memory peek) for how much of its RAM is
-non-zero and how well its pages and their rewrites compress. Placement: see
+Per running domain: its memory (``virDomainGetInfo``), its dirty rate, and a page
+sample (the same samplers as the engine's encoding choice,
+:func:`livemig.engine.adapt.sampler_for`: the patched QEMU's own, else libvirt's
+memory peek) for how much of its RAM is non-zero and how well its pages and their
+rewrites compress. The dirty rate is the sample's (its kept pages rewritten between
+its looks) unless QEMU's ``calc-dirty-rate`` (libvirt's
+``virDomainStartDirtyRateCalc``, page-sampling mode, all domains at once over one
+``DIRTY_CALC_S``) reads significantly more: :func:`dirty_rate`. QEMU's page sampling
+looks at few pages of a small guest and errs both ways (64 pages on 128 MiB: 31-43
+MiB/s read for a 12 MB/s writer); its dirty-bitmap mode (distinct pages, exact in
+principle) read 0 for every writer under TCG on this testbed, so it is not used.
+Placement: see
 :func:`place` (``virNodeGetFreeMemory`` less what is already placed there); a VM
 that fits nowhere stays and is reported.
 """
@@ -17,6 +19,7 @@ that fits nowhere stays and is reported.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -36,6 +39,11 @@ DIRTY_WAIT_S = 5.0  # at most this long past DIRTY_CALC_S for the results
 # TCG with its translation cache) and the host's
 DST_MARGIN = 256 << 20
 DEFAULT_RATIO = 1.0  # compressibility assumed when no sample could be taken
+# pages per GiB QEMU's calc-dirty-rate samples when not told (libvirt does not tell it)
+QEMU_PAGES_PER_GIB = 512
+# how far above the page sample's rate QEMU's window must read to be taken instead
+# (standard deviations of its changed-page count): about one chance in forty by noise
+WINDOW_SIGMAS = 2.0
 # fleets up to this size are placed by the plan's model (one simulation per VM and
 # destination, each O(n²): 4.6 s for 40 VMs on two destinations on this loaded
 # 2-core host); larger ones by wire bytes
@@ -50,6 +58,18 @@ class Measured:
     note: str = ""  # why not sampled, or what failed
     sampled: SampleResult | None = None  # handed to the VM's migration (sampling.given)
     sampled_at: float = 0.0  # when (seconds since the epoch)
+    # the dirty rates measured (bytes/s, None: not measured) and which one the plan took
+    window_rate: float | None = None
+    sample_rate: float | None = None
+    dirty_from: str = "none"
+
+    def detail(self) -> dict[str, Any]:
+        """The report's measurement entry."""
+        def mib(x: float | None) -> float | None:
+            return None if x is None else round(x / 2**20, 2)
+        return {"sampler": self.sampler, "note": self.note,
+                "dirty_mib_s": {"window": mib(self.window_rate),
+                                "sample": mib(self.sample_rate), "taken": self.dirty_from}}
 
 
 def select(names: list[str], only: list[str] | None, exclude: list[str]) -> list[str]:
@@ -118,24 +138,55 @@ def sample(conn: Any, dom: Any) -> tuple[SampleResult | None, str]:
         return None, str(e)
 
 
-def facts_from(name: str, ram: int, dirty: float, s: Sample | None) -> VmFacts:
+def facts_from(name: str, ram: int, window: float | None, s: Sample | None) -> VmFacts:
     """The scheduler's facts from a measurement; without a sample, every byte counts
-    and nothing compresses (the cautious guess). The dirty rate is the larger of
-    QEMU's ``calc-dirty-rate`` and the one the page sample shows (its kept pages
-    rewritten between its two looks, as the encoding model reads it): on the busy
-    fleet (docs/results/evacuate-2026-11-27.md; the 11-25 run that found it) QEMU's
-    read 5-8 MiB/s for guests the sample put at 12-14 MiB/s and libvirt's job
-    statistics at 15-20 MiB/s once they migrated."""
+    and nothing compresses (the cautious guess). The dirty rate: :func:`dirty_rate`
+    of QEMU's ``calc-dirty-rate`` window (``window``, None: not measured) and the
+    sample's."""
+    rate, _ = dirty_rate(window, sample_rate(ram, s))
     if s is None:
-        return VmFacts(name, ram, float(ram), dirty, DEFAULT_RATIO, DEFAULT_RATIO)
+        return VmFacts(name, ram, float(ram), rate, DEFAULT_RATIO, DEFAULT_RATIO)
     ratio = _best(s.first) or DEFAULT_RATIO
     # a re-sent page goes as a delta or whole, whichever packs it better: a whole-page
     # writer's deltas pack 1.6x where zstd packs its pages 2.2x (the busy fleet)
     resend = max(_best(s.delta) or 0.0, _best(s.resend) or 0.0) or ratio
-    nonzero = ram * s.nonzero_share
-    if s.kept >= MIN_SAMPLES and s.interval > 0:
-        dirty = max(dirty, nonzero * min(1.0, s.rewritten / s.kept) / s.interval)
-    return VmFacts(name, ram, nonzero, dirty, ratio, resend)
+    return VmFacts(name, ram, ram * s.nonzero_share, rate, ratio, resend)
+
+
+def sample_rate(ram: int, s: Sample | None) -> float | None:
+    """Bytes/s the page sample saw rewritten (its kept pages rewritten between its two
+    looks, as the encoding model reads it); None without a sample of at least
+    ``MIN_SAMPLES`` kept pages."""
+    if s is None or s.kept < MIN_SAMPLES or s.interval <= 0:
+        return None
+    return ram * s.nonzero_share * min(1.0, s.rewritten / s.kept) / s.interval
+
+
+def dirty_rate(window: float | None, sampled: float | None) -> tuple[float, str]:
+    """The dirty rate the plan takes (bytes/s) and whose it is: ``sample``, ``window``
+    or ``none`` (0: neither was measured).
+
+    The page sample looks at thousands of pages twice; QEMU's ``calc-dirty-rate``, as
+    libvirt starts it (no page count: QEMU's default ``QEMU_PAGES_PER_GIB``), at about
+    a hundred on a 192 MiB guest, where one changed page reads 2 MiB/s. So the sample's
+    rate stands unless the window reads significantly more: a changed-page count more
+    than ``WINDOW_SIGMAS`` standard deviations (Poisson) above what the sample's rate
+    gives in the window, which a guest that got busier would show. Taking the larger
+    of the two, as before, took the window's noise: on the busy fleet it read 18-20
+    MiB/s for a whole-page writer of 16 MiB/s that the sample put at 11-14 MiB/s (set
+    h of docs/results/evacuate-2026-11-28.md), which made it heavy and sent three small
+    writers to one link (20.5-20.8 s to empty, against 18.5 s where it was not). A rate
+    read too low is caught while the VM migrates (the drain re-plans a VM busier than
+    measured); one read too high only costs the plan."""
+    if sampled is None:
+        return (window, "window") if window is not None else (0.0, "none")
+    if window is None or window <= sampled:
+        return sampled, "sample"
+    unit = (1 << 30) / QEMU_PAGES_PER_GIB / DIRTY_CALC_S  # bytes/s one changed page reads
+    seen, expected = window / unit, sampled / unit
+    if seen > expected + WINDOW_SIGMAS * math.sqrt(max(expected, 1.0)):
+        return window, "window"
+    return sampled, "sample"
 
 
 def _best(codecs: dict[str, Any]) -> float | None:
@@ -168,12 +219,13 @@ def measure(conn: Any, names: list[str], do_sample: bool = True) -> list[Measure
     for d, (s, how, at) in zip(chosen, samples, strict=True):
         info = d.info()
         ram = int(info[1]) * 1024
-        note = "" if d.name() in rates else "dirty rate not measured: assumed 0"
-        out.append(Measured(facts_from(d.name(), ram, rates.get(d.name(), 0.0),
-                                       s.sample if s else None),
+        window, seen = rates.get(d.name()), sample_rate(ram, s.sample if s else None)
+        _, whose = dirty_rate(window, seen)
+        note = "dirty rate not measured: assumed 0" if whose == "none" else ""
+        out.append(Measured(facts_from(d.name(), ram, window, s.sample if s else None),
                             int(info[3]), how if s is not None else None,
                             "; ".join(x for x in (note, "" if s else how) if x),
-                            s, at))
+                            s, at, window, seen, whose))
     return out
 
 
