@@ -40,9 +40,10 @@ Getter = Callable[[dict[str, Any]], float | None]
 # (column, report getter); lower is better for all of them
 METRICS: list[tuple[str, Getter]] = [
     ("total_time_s", lambda r: r["total_time_s"]),
-    # from QEMU's ``migrate`` on: a libvirt run's time without libvirt's prepare (the
-    # destination QEMU's start), the figure to set beside an attach run's total time
-    # (libvirt runs only: the column is left out of tables that have none)
+    # QEMU's ``migrate`` to its completion: a libvirt run's time without libvirt's
+    # prepare (the destination QEMU's start) and its finish and confirm after the
+    # switchover, the figure to set beside an attach run's total time (libvirt runs
+    # only: the column is left out of tables that have none)
     ("qemu_time_s", lambda r: ((r.get("libvirt") or {}).get("phases") or {}).get(
         "migration_s")),
     ("ram_sent_mib", lambda r: _div(r["ram_transferred_bytes"], 1 << 20)),

@@ -11,8 +11,9 @@ runs. The time the destination was held paused for the disk comparison is left o
 of the harm, as the lab leaves out its verify hold.
 
 What differs from an attach run, by construction: libvirt starts the destination
-QEMU inside the migration (its begin/prepare phase is in ``total_time_s``), and the
-stream goes over libvirt's own connection handling.
+QEMU inside the migration (its begin/prepare phase is in ``total_time_s``), finishes
+and confirms it after QEMU's switchover (also in ``total_time_s``; ``qemu_time_s`` is
+QEMU's migration alone), and the stream goes over libvirt's own connection handling.
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ def test_a_completed_run_is_a_migration_record_with_libvirt_facts() -> None:
     assert rep["qemu_final_stats"] == JOB  # libvirt's own figures, as before
     assert rep["destination"]["running"] is True
     assert rep["libvirt"] == {"library_version": "9.0.0",
-                              "phases": {"prepare_s": None, "migration_s": None}}
+                              "phases": {"prepare_s": None, "migration_s": None,
+                                         "finish_s": None}}
     s = rep["settings"]
     assert s["domain"] == "g" and s["to"] == "qemu+tcp://b/system"
     assert s["storage"] == "copy" and s["libvirt_plan"]["disk_check"] == "auto"
@@ -118,19 +119,27 @@ def test_a_disk_mismatch_is_named_in_the_summary() -> None:
     assert rep["absent"]["verify_hold_ms"] == "held paused for good: the disks differ"
 
 
-def test_the_call_is_split_where_qemus_own_migration_began() -> None:
+def test_the_call_is_split_where_qemus_own_migration_began_and_ended() -> None:
     # the call 1001.0 -> 1011.5; QEMU's migrate at 1004.2 (libvirt prepared the
     # destination QEMU for 3.2 s): the total stays the call's wall clock
     r = _run(completed_stats=dict(JOB), t_qemu=1004.2)
     rep = record.report(r)
-    assert rep["libvirt"]["phases"] == {"prepare_s": 3.2, "migration_s": 7.3}
+    assert rep["libvirt"]["phases"] == {"prepare_s": 3.2, "migration_s": 7.3,
+                                        "finish_s": None}
     assert rep["total_time_s"] == 10.5
     from livemig.bench import METRICS
     qemu_time = dict(METRICS)["qemu_time_s"]
     assert qemu_time(rep) == 7.3
+    # the source paused for the switchover at 1009.913, QEMU's downtime 87 ms: its
+    # migration ended at 1010.0, libvirt's finish and confirm took the last 1.5 s
+    rep = record.report(_run(completed_stats=dict(JOB), t_qemu=1004.2, t_switch=1009.913))
+    assert rep["libvirt"]["phases"] == {"prepare_s": 3.2, "migration_s": 5.8,
+                                        "finish_s": 1.5}
+    assert qemu_time(rep) == 5.8 and rep["total_time_s"] == 10.5
     # not anchored (no poll saw QEMU's migration): no split
     rep = record.report(_run(completed_stats=dict(JOB)))
-    assert rep["libvirt"]["phases"] == {"prepare_s": None, "migration_s": None}
+    assert rep["libvirt"]["phases"] == {"prepare_s": None, "migration_s": None,
+                                        "finish_s": None}
     assert qemu_time(rep) is None
 
 

@@ -9,9 +9,10 @@ What maps where:
   compared) ``t_dst_done`` = ``t_end`` and ``t_cont`` when livemig resumed it, so
   ``verify_hold_ms`` is the comparison's hold. ``t_ram``: when QEMU's own migration
   began (after libvirt's begin/prepare and any disk copy), anchored from a passthrough
-  ``query-migrate``; ``libvirt.phases`` splits the call's wall clock at it
-  (``prepare_s``: the destination QEMU's start, the disk copy; ``migration_s``: QEMU's
-  migration to the call's return, the figure to set beside an attach run's time);
+  ``query-migrate``; ``t_switch``: the source paused for the switchover (libvirt's
+  lifecycle event); ``libvirt.phases`` splits the call's wall clock at them
+  (:func:`phases`: ``prepare_s``, ``migration_s``: QEMU's migration, the figure to set
+  beside an attach run's time, ``finish_s``: libvirt's finish and confirm);
 - ``final_stats``: libvirt's completed-job statistics in QEMU's ``query-migrate``
   shape (``setup-time``, ``downtime``, ``ram.transferred/total/dirty-sync-count``),
   falling back to the last poll; no ``total-time``, so ``total_time_s`` is the wall
@@ -102,11 +103,24 @@ def freeze(r: DomainRun) -> tuple[MigrationRecord, LibvirtFacts]:
 
 
 def phases(r: DomainRun) -> dict[str, float | None]:
-    """The libvirt call's wall clock split where QEMU's own migration began."""
+    """The libvirt call's wall clock split where QEMU's own migration began and ended:
+    ``prepare_s`` (the destination QEMU's start, the disk copy), ``migration_s``
+    (QEMU's ``migrate`` to its completion, the source's pause for the switchover plus
+    QEMU's downtime: what an attach run's ``total_time_s`` counts) and ``finish_s``
+    (libvirt's finish and confirm after it: the destination resumed, the source QEMU
+    stopped). Without the switchover's event, ``migration_s`` runs to the call's
+    return and ``finish_s`` is None."""
+    none: dict[str, float | None] = {"prepare_s": None, "migration_s": None,
+                                     "finish_s": None}
     if r.t_migrate is None or r.t_end is None or r.t_qemu is None:
-        return {"prepare_s": None, "migration_s": None}
+        return none
+    start = max(r.t_qemu, r.t_migrate)
+    down = r.completed_stats.get("downtime")
+    done = (None if r.t_switch is None or not isinstance(down, (int, float))
+            else min(r.t_end, r.t_switch + down / 1000.0))
     return {"prepare_s": round(max(0.0, r.t_qemu - r.t_migrate), 3),
-            "migration_s": round(r.t_end - max(r.t_qemu, r.t_migrate), 3)}
+            "migration_s": round((done or r.t_end) - start, 3),
+            "finish_s": None if done is None else round(r.t_end - done, 3)}
 
 
 def _absent(r: DomainRun) -> dict[str, str]:

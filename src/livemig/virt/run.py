@@ -117,6 +117,9 @@ class DomainRun:
     # destination QEMU started, and the disk copy): anchored from a passthrough
     # ``query-migrate``'s ``total-time`` at the first poll that sees it active
     t_qemu: float | None = None
+    # the source was paused for the switchover (libvirt's lifecycle event, suspended
+    # for migration or post-copy): QEMU's migration ends its downtime later
+    t_switch: float | None = None
     t_cont: float | None = None  # the held-paused destination was resumed
     result: Outcome = field(default_factory=Outcome)
     plan: Plan | None = None
@@ -169,7 +172,7 @@ class DomainMigration:
         self._cpu0: float | None = None
         self._cpu_last: float | None = None
         self._mig_conn: Any = None
-        self._event_id: int | None = None
+        self._event_ids: list[int] = []
         self._interruptible = False  # a signal now stops the disk comparison
         # the encoding chosen beside the first pass (engine.adapt: both ends switch)
         self.deferred: Deferred | None = None
@@ -441,16 +444,29 @@ class DomainMigration:
     def _watch_iterations(self, job: DomainJob) -> None:
         """QEMU's MIGRATION_PASS as libvirt's migration-iteration event: each round's
         start goes to ``events`` as it happens (the polls only see its effect), and
-        to the job, which wakes the monitor when the first pass is over."""
+        to the job, which wakes the monitor when the first pass is over. The source's
+        pause for the switchover (a lifecycle event) sets ``t_switch``: what follows
+        QEMU's migration in the call (libvirt's finish and confirm) is told apart."""
+        lv = self.libvirt
+
         def on_iteration(_conn: Any, _dom: Any, iteration: int, _opaque: Any) -> None:
             self.run.event("round", iteration=iteration)
             job.passed(iteration)
-        try:
-            self._event_id = self.src_conn.domainEventRegisterAny(
-                self.dom, self.libvirt.VIR_DOMAIN_EVENT_ID_MIGRATION_ITERATION,
-                on_iteration, None)
-        except self.libvirt.libvirtError as e:
-            self.run.event("no iteration events", error=message(e))
+
+        def on_lifecycle(_conn: Any, _dom: Any, event: int, detail: int,
+                         _opaque: Any) -> None:
+            if (event == lv.VIR_DOMAIN_EVENT_SUSPENDED and self.run.t_switch is None
+                    and detail in (lv.VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED,
+                                   lv.VIR_DOMAIN_EVENT_SUSPENDED_POSTCOPY)):
+                self.run.t_switch = time.time()
+        for ev, cb in ((lv.VIR_DOMAIN_EVENT_ID_MIGRATION_ITERATION, on_iteration),
+                       (lv.VIR_DOMAIN_EVENT_ID_LIFECYCLE, on_lifecycle)):
+            try:
+                self._event_ids.append(
+                    self.src_conn.domainEventRegisterAny(self.dom, ev, cb, None))
+            except lv.libvirtError as e:
+                self.run.event("no iteration events" if cb is on_iteration
+                               else "no lifecycle events", error=message(e))
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
@@ -694,9 +710,9 @@ class DomainMigration:
             self._aio = None
         if self._job is not None and self._job.running:
             return  # a call still runs on these connections: leave them to the exit
-        if self._event_id is not None:
+        for ev in self._event_ids:
             with contextlib.suppress(Exception):
-                self.src_conn.domainEventDeregisterAny(self._event_id)
+                self.src_conn.domainEventDeregisterAny(ev)
         for c in (self._mig_conn, self.src_conn, self.dst_conn):
             if c is not None:
                 with contextlib.suppress(Exception):
