@@ -75,6 +75,11 @@ def test_split_puts_each_vms_loss_before_during_or_after_its_own_migration() -> 
     got = split(vms, records, offset=2.0)
     # drain time = t - 2: before its start for t < 3 s, during for 3-5 s, after from 5 s
     assert got == {"before": 1.5, "during": 1.0, "after": 0.5}
+    # with the stream's first and last byte, the time during is split at them
+    streamed = [{**records[0], "stream_s": [1.5, 2.5]}, *records[1:]]
+    assert split(vms, streamed, offset=2.0) == {
+        "before": 1.5, "during": 1.0, "after": 0.5,
+        "starting": 0.25, "streaming": 0.5, "finishing": 0.25}
     # a rate above normal is no negative loss
     assert split({"a": {"baseline_rate": 10.0, "series": [[0.0, 20.0]]}},
                  [{"name": "a", "start_s": 0.0, "end_s": 1.0}], 0.0)["during"] == 0.0

@@ -152,20 +152,34 @@ def split(vms: dict[str, dict[str, Any]], records: list[dict[str, Any]],
     ``before`` it started, ``during`` (its start to its end on the evacuation's
     clock), ``after`` it ended. ``vms``: :meth:`FleetWatch.summary`'s per-VM figures
     with their ``series``; ``records``: the evacuation report's ``vms`` (``start_s``,
-    ``end_s``); ``offset``: seconds from the harm window's start to the drain's.
-    On one machine shared by the source and the destinations (the testbed), what a
-    VM loses before and after its own migration is contention for the host's CPUs
-    with the other VMs' migrations, which separate hosts would not have."""
+    ``end_s``, ``stream_s``); ``offset``: seconds from the harm window's start to the
+    drain's. ``during`` is also split where the record has its stream: ``starting``
+    (before its first byte: the child's start, libvirt's prepare starting the
+    destination QEMU), ``streaming`` (first to last byte) and ``finishing`` (from the
+    switchover: the guest paused until libvirt's finish resumes it on the
+    destination, then the confirm and the RAM check). On one
+    machine shared by the source and the destinations (the testbed), what a VM loses
+    outside its stream is contention for the host's CPUs with the other VMs'
+    migrations and destination QEMUs, which separate hosts would not have."""
     out = {"before": 0.0, "during": 0.0, "after": 0.0}
+    parts = {"starting": 0.0, "streaming": 0.0, "finishing": 0.0}
+    streams = 0
     for r in records:
         v = vms.get(str(r.get("name")), {})
         normal, series = v.get("baseline_rate"), v.get("series")
         start, end = r.get("start_s"), r.get("end_s")
         if not normal or not series or start is None or end is None:
             continue
+        first, last = r.get("stream_s") or (None, None)
+        streams += first is not None
         for t, rate in series:
             lost = max(0.0, 1.0 - float(rate) / float(normal)) * metrics.BIN_S
             at = float(t) - offset
-            out["before" if at < start else "during" if at < end else "after"] += lost
+            where = "before" if at < start else "during" if at < end else "after"
+            out[where] += lost
+            if where == "during" and first is not None and last is not None:
+                parts["starting" if at < first else "streaming" if at < last
+                      else "finishing"] += lost
+    if streams:
+        out.update(parts)
     return {k: round(v, 3) for k, v in out.items()}
-

@@ -26,6 +26,9 @@ def vm_record(v: Any) -> dict[str, Any]:
         "attempts": v.attempts, "reason": v.reason or None,
         "start_s": None if v.started is None else round(v.started, 3),
         "end_s": None if v.ended is None else round(v.ended, 3),
+        # the completed try's first and last byte (None: not seen, or not completed)
+        "stream_s": (None if getattr(v, "stream", None) is None
+                     else [round(x, 3) for x in v.stream]),
         "measured": {"ram": f.ram, "nonzero": round(f.nonzero), "dirty_rate": round(f.dirty_rate),
                      "ratio": round(f.ratio, 3), "resend_ratio": round(f.resend_ratio, 3)},
         "downtime_ms": last.get("downtime_ms"),

@@ -70,6 +70,7 @@ class Vm:
     # job gone). libvirt's job lasts through the destination's finish and the confirm
     first_byte: float | None = None
     last_byte: float | None = None
+    stream: tuple[float, float] | None = None  # the completed try's first and last byte
 
     @property
     def name(self) -> str:
@@ -280,6 +281,7 @@ class Evacuation:
         if rc == 0 and rep.get("outcome") == "completed":
             v.status, v.ended = DONE, self.t()
             if first is not None and last is not None:
+                v.stream = (first, last)
                 self.overheads.append((first - float(v.tries[-1]["t"]), v.ended - last))
             self.event("verified", vm=v.name, ram=rep.get("consistency", {}).get("ram"))
             return
