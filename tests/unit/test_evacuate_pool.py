@@ -88,3 +88,36 @@ def test_the_vm_env_reaches_warm_and_cold_children_and_unset_only_drops_inherite
     assert w.wait(timeout=60) == 0
     assert json.loads((tmp_path / "w.log").read_text()) == {"KEEP": "k", "DROP": None,
                                                            "VM": "v"}
+
+
+def test_a_warm_childs_status_and_output_survive_its_quick_exit(tmp_path: Path) -> None:
+    """The worker leaves without the interpreter's teardown: what it printed is in
+    its log and its exit status is livemig's."""
+    code = ("import livemig.cli as c;"
+            "c.main=lambda argv:(print('the report line'),3)[1];"
+            "import runpy;runpy.run_module('livemig.evacuate.worker',run_name='__main__')")
+    w = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, env=_env())
+    assert w.stdin is not None
+    w.stdin.write((json.dumps({"argv": [], "log": str(tmp_path / "w.log")}) + "\n").encode())
+    w.stdin.close()
+    assert w.wait(timeout=60) == 3
+    assert (tmp_path / "w.log").read_text() == "the report line\n"
+
+
+def test_the_drain_sees_a_childs_exit_before_its_next_poll() -> None:
+    from livemig.evacuate import run
+    from livemig.evacuate.schedule import MIGRATING, VmFacts
+
+    evac = run.Evacuation.__new__(run.Evacuation)
+    v = run.Vm(VmFacts("a", 1 << 27, 1 << 26, 0.0), "qemu+tcp://d/system")
+    v.status, v.proc = MIGRATING, subprocess.Popen(["sleep", "0.2"])
+    evac.vms = [v]
+    t0 = time.monotonic()
+    evac._nap(5.0)
+    assert time.monotonic() - t0 < 1.0  # the exit, not the 5 s poll
+    v.proc = subprocess.Popen(["sleep", "5"])
+    t0 = time.monotonic()
+    evac._nap(0.3)  # nothing exits: the whole nap
+    assert time.monotonic() - t0 >= 0.3
+    v.proc.kill()
+    v.proc.wait()

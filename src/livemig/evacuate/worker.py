@@ -12,6 +12,7 @@ no more children, or it died) ends it without touching anything.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 
@@ -39,7 +40,14 @@ def main() -> int:
     for k in job.get("unset", []):
         os.environ.pop(k, None)
     os.environ.update(job.get("env") or {})
-    return cli.main(list(job["argv"]))
+    rc = cli.main(list(job["argv"]))
+    # the run is over, its report written and its connections closed: exit without
+    # the interpreter's teardown of everything imported (0.15-0.25 s on the loaded
+    # testbed), which the evacuation would wait for before it sees the VM done
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":
