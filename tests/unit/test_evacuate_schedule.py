@@ -305,3 +305,51 @@ def test_every_vm_of_a_fleet_is_in_the_plan() -> None:
     for links in (LINKS, {"a": LINK, "b": LINK / 3}):
         spread = [replace(f, link=list(links)[k % len(links)]) for k, f in enumerate(fleet)]
         assert len(simulate(spread, links, max_parallel=3).vms) == len(fleet)
+
+
+def test_without_an_idle_cpu_each_link_carries_one_stream_at_a_time() -> None:
+    """Light VMs that would share the link side by side go one after the other when
+    the host has no CPU to spare, each start overlapping the tail of the stream before
+    it; every stream is shorter, so the VMs spend fewer seconds under migration."""
+    from livemig.evacuate.schedule import streams_per_link
+
+    assert streams_per_link(None) is None and streams_per_link(1.5) is None
+    assert streams_per_link(0.2) == 1
+    fleet = [busy("a", 10 * M), busy("b", 10 * M), idle("c")]
+    wide = simulate(fleet, LINKS, max_parallel=4)
+    one = simulate(fleet, LINKS, max_parallel=4, per_link=1)
+    assert wide.share_link("a", "b") and wide.max_active() == 3
+    assert not any(one.share_link(x, y) for x, y in (("a", "b"), ("a", "c"), ("b", "c")))
+    # ... yet a start still overlaps the tail of the stream before it
+    first, second = sorted(one.vms, key=lambda p: p.start)[:2]
+    assert second.start < first.stream[1]
+
+    def under_migration(plan: object) -> float:
+        return sum(p.stream[1] - p.stream[0] for p in plan.vms)  # type: ignore[attr-defined]
+    assert under_migration(one) < 0.7 * under_migration(wide)
+    # two links: one stream on each at once
+    two = {"x": LINK, "y": LINK}
+    spread = [replace(f, link=ln) for f, ln in zip(fleet + [idle("d")], "xxyy", strict=True)]
+    plan = simulate(spread, two, max_parallel=4, per_link=1)
+    assert not plan.share_link("a", "b") and not plan.share_link("c", "d")
+    assert plan.share_link("a", "c") or plan.share_link("a", "d")
+
+
+def test_spare_cpus_are_the_hosts_less_what_its_domains_used() -> None:
+    from types import SimpleNamespace
+
+    from livemig.evacuate import fleet
+
+    used = iter([0, int(1.6e9 * 0.5)])  # 1.6 CPUs' worth over the 0.5 s window
+
+    class Dom:
+        def name(self) -> str:
+            return "a"
+
+    conn = SimpleNamespace(
+        listAllDomains=lambda flags: [Dom()],
+        domainListGetStats=lambda doms, what: [(doms[0], {"cpu.time": next(used)})],
+        getInfo=lambda: ["x86_64", 4096, 2, 2000, 1, 1, 2, 1])
+    spare = fleet.spare_cpus(conn, 0.5)
+    assert spare is not None and 0.39 < spare < 0.8  # 2 - 1.6 (the sleep may run over)
+    assert fleet.spare_cpus(SimpleNamespace(), 0.01) is None  # a daemon that cannot say

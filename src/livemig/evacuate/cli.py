@@ -172,16 +172,19 @@ def _evacuate(a: argparse.Namespace, src: Any, names: list[str], dsts: list[str]
         print(f"livemig: measuring {len(names)} domains (dirty rate, page sample)",
               file=sys.stderr, flush=True)
     t_measure = time.monotonic()
-    measured = fleet.measure(src, names, do_sample=not a.no_sample)
+    measured, spare = fleet.measure(src, names, do_sample=not a.no_sample)
     measure_s = time.monotonic() - t_measure
     links = {u: link for u in dsts} if separate else {schedule.SHARED_LINK: link}
+    per_link = schedule.streams_per_link(spare) if fixed is None else None
     # a fixed-concurrency baseline places as before (wire bytes), not by livemig's plan
     where, nowhere = fleet.place([m.facts for m in measured], free, separate,
-                                 links if fixed is None else None, a.max_parallel)
+                                 links if fixed is None else None, a.max_parallel,
+                                 per_link)
     facts = fleet.with_links([m.facts for m in measured], where, separate)
     plan = schedule.simulate(facts, links, a.max_parallel,
-                             None if fixed is None else schedule.fixed(fixed))
-    print(_plan_text(plan, facts, where, nowhere, links, measured))
+                             None if fixed is None else schedule.fixed(fixed),
+                             per_link=per_link)
+    print(_plan_text(plan, facts, where, nowhere, links, measured, spare, per_link))
     if a.dry_run:
         return 0
     out = a.report or Path(f"evacuation-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -190,7 +193,8 @@ def _evacuate(a: argparse.Namespace, src: Any, names: list[str], dsts: list[str]
     vms = [run.Vm(f, where[f.name], sample_file=samples.get(f.name)) for f in sorted(
         facts, key=lambda f: plan.order().index(f.name))]
     opts = run.Options(src_uri=a.connect, profile=a.profile, out=out, links=links,
-                       max_parallel=a.max_parallel, max_time=a.max_time, sets=list(a.set),
+                       max_parallel=a.max_parallel, per_link=per_link,
+                       max_time=a.max_time, sets=list(a.set),
                        quiet=a.quiet, unsafe=a.unsafe, scheduler=a.scheduler)
     assert pool is not None  # made unless --dry-run
     evac = run.Evacuation(opts, vms, src, view.View(enabled=not a.quiet), pool)
@@ -202,6 +206,8 @@ def _evacuate(a: argparse.Namespace, src: Any, names: list[str], dsts: list[str]
     rep = report.build(evac, plan, {m.facts.name: m.detail() for m in measured}, nowhere,
                        time.monotonic() - t0)
     rep["measure_s"] = round(measure_s, 3)  # before the drain: not in time_to_empty_s
+    rep["spare_cpus"] = None if spare is None else round(spare, 2)
+    rep["streams_per_link"] = per_link
     rep["doctor_s"] = round(doctor_s, 3)  # likewise
     path = report.write(rep, out)
     chart = report.chart(rep, out)
@@ -236,14 +242,17 @@ def _host(uri: str) -> str:
 
 
 def _plan_text(plan: Any, facts: list[Any], where: dict[str, str], nowhere: list[str],
-               links: dict[str, float], measured: list[Any]) -> str:
+               links: dict[str, float], measured: list[Any], spare: float | None = None,
+               per_link: int | None = None) -> str:
     from livemig.evacuate import schedule
 
     by = {f.name: f for f in facts}
     how = {m.facts.name: m for m in measured}
     lines = [f"plan: {len(plan.vms)} VMs, up to {plan.max_parallel()} at once, links "
              + ", ".join(f"{_host(k) if '://' in k else k} {v * 8 / 1e6:.0f} Mbit/s"
-                         for k, v in links.items())]
+                         for k, v in links.items())
+             + ("" if spare is None else f"; source host {spare:.1f} CPUs idle")
+             + ("" if per_link is None else f": {per_link} stream per link at a time")]
     lines.append(f"  {'#':>2} {'domain':<14} {'to':<12} {'RAM':>7} {'dirty':>10} "
                  f"{'ratio':>5} {'start':>6} {'end':>6} {'cap MiB/s':>9}  kind")
     for k, p in enumerate(plan.vms, 1):

@@ -35,6 +35,7 @@ from livemig.sampling.base import SampleResult
 
 DIRTY_CALC_S = 1  # seconds QEMU samples the dirty rate over (libvirt's unit: whole s)
 DIRTY_WAIT_S = 5.0  # at most this long past DIRTY_CALC_S for the results
+CPU_WINDOW_S = 0.5  # seconds the domains' CPU use is read over (schedule.streams_per_link)
 # destination memory kept free beyond the guests' RAM: QEMU's own (~100 MiB under
 # TCG with its translation cache) and the host's
 DST_MARGIN = 256 << 20
@@ -88,6 +89,28 @@ def running_domains(conn: Any) -> dict[str, Any]:
     libvirt = libvirt_module()
     doms = conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
     return {d.name(): d for d in sorted(doms, key=lambda d: str(d.name()))}
+
+
+def spare_cpus(conn: Any, seconds: float) -> float | None:
+    """The source host's CPUs (``virNodeGetInfo``) less what its running domains used
+    over ``seconds`` (their ``cpu.time``, every QEMU thread: vCPUs, I/O, migration;
+    the samples taken meanwhile count, so it errs low); None when libvirt cannot say."""
+    from livemig.virt.conn import libvirt_module
+
+    libvirt = libvirt_module()
+
+    def used() -> tuple[float, int]:
+        doms = list(running_domains(conn).values())
+        stats = conn.domainListGetStats(doms, libvirt.VIR_DOMAIN_STATS_CPU_TOTAL)
+        return time.monotonic(), sum(int(s.get("cpu.time", 0)) for _, s in stats)
+    try:
+        t0, c0 = used()
+        time.sleep(seconds)
+        t1, c1 = used()
+        cpus = float(conn.getInfo()[2])
+    except Exception:  # an old daemon, a domain gone meanwhile: unknown
+        return None
+    return max(0.0, cpus - (c1 - c0) / 1e9 / max(t1 - t0, 1e-3))
 
 
 def dirty_rates(conn: Any, doms: list[Any]) -> dict[str, float]:
@@ -193,7 +216,8 @@ def _best(codecs: dict[str, Any]) -> float | None:
     return max((c.ratio for c in codecs.values()), default=None)
 
 
-def measure(conn: Any, names: list[str], do_sample: bool = True) -> list[Measured]:
+def measure(conn: Any, names: list[str], do_sample: bool = True
+            ) -> tuple[list[Measured], float | None]:
     """Every domain's facts. The dirty rates (QEMU's ``DIRTY_CALC_S`` window, all
     domains at once) and the page samples (each in its QEMU, ~0.5-0.7 s) are taken
     side by side, as many samples at once as the source host has CPUs (each costs
@@ -202,7 +226,10 @@ def measure(conn: Any, names: list[str], do_sample: bool = True) -> list[Measure
     hundred would wait a minute; all five at once took 1.0-1.5 s but slowed every
     guest of this 2-core host by about a third meanwhile
     (docs/results/evacuate-2026-11-28.md). A sample's codec timings are its
-    thread's CPU time, so sharing the CPUs does not skew them."""
+    thread's CPU time, so sharing the CPUs does not skew them. Before them, the host's
+    idle CPUs over ``CPU_WINDOW_S`` (:func:`spare_cpus`; the samples' own CPU would
+    count as the guests'), returned beside the facts."""
+    spare = spare_cpus(conn, CPU_WINDOW_S)
     doms = running_domains(conn)
     chosen = [doms[n] for n in names]
 
@@ -226,7 +253,7 @@ def measure(conn: Any, names: list[str], do_sample: bool = True) -> list[Measure
                             int(info[3]), how if s is not None else None,
                             "; ".join(x for x in (note, "" if s else how) if x),
                             s, at, window, seen, whose))
-    return out
+    return out, spare
 
 
 def host_cpus(conn: Any) -> int:
@@ -249,7 +276,7 @@ def write_sample(out: Path, m: Measured) -> Path | None:
 
 def place(fleet: list[VmFacts], free: dict[str, int], separate_links: bool,
           links: dict[str, float] | None = None, max_parallel: int = 3,
-          ) -> tuple[dict[str, str], list[str]]:
+          per_link: int | None = None) -> tuple[dict[str, str], list[str]]:
     """Destination per VM and the VMs that fit nowhere.
 
     On one shared link: largest VM first, onto the destination with the most free
@@ -288,7 +315,8 @@ def place(fleet: list[VmFacts], free: dict[str, int], separate_links: bool,
                 return 0.0
             assert links is not None
             trial = [*placed, replace(f, link=u)]
-            return round(schedule.simulate(trial, links, max_parallel).total_s, 3)
+            return round(schedule.simulate(trial, links, max_parallel,
+                                           per_link=per_link).total_s, 3)
 
         dst = min(room, key=lambda u: (ends(u), load[u] if separate_links else 0.0,
                                        -left[u], list(free).index(u)))

@@ -86,6 +86,7 @@ class Options:
     links: dict[str, float]
     max_parallel: int
     max_time: float | None
+    per_link: int | None = None  # streams holding each link at once (schedule.Snapshot)
     storage: str = "shared"
     sets: list[str] = field(default_factory=list)
     quiet: bool = False
@@ -219,7 +220,8 @@ class Evacuation:
                 status = schedule.DONE  # waits for its retry: not the scheduler's yet
             states.append(VmState(v.facts, status, v.bandwidth, progress(v.live),
                                   sending=not v.live.get("sent"), tail_s=tail(v.live)))
-        snap = schedule.Snapshot(now, tuple(states), self.o.links, self.o.max_parallel)
+        snap = schedule.Snapshot(now, tuple(states), self.o.links, self.o.max_parallel,
+                                 self.o.per_link)
         by_name = {v.name: v for v in self.vms}
         n = self.o.fixed
         for a in (schedule.decide(snap) if n is None else schedule.fixed(n)(snap)):

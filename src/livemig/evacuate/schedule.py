@@ -25,6 +25,9 @@ operator says they have their own):
   above the whole link, not heavy: it runs alone); the links take turns, least busy
   first; a stream expected to end within ``ENDING_S`` (what a start costs before its
   first byte) holds no room and is not capped, so the next start overlaps its tail;
+- on a source host without an idle CPU, one stream holds each link at a time
+  (:func:`streams_per_link`: streams side by side keep their guests under migration
+  longer for the same time to empty);
 - caps are upper limits, under which TCP shares the link evenly (:func:`effective`:
   each stream gets the lesser of its cap and the even level of what is left). A cap
   below the link is set only where that even split would starve a VM of its reserve
@@ -71,6 +74,9 @@ PRE_SHARE = 0.45
 # its first byte with that link idle (that run's write-up was lost; the fleet is
 # measured in docs/results/evacuate-2026-11-27.md).
 ENDING_S = PRE_SHARE * OVERHEAD_S
+# idle CPUs (cores' worth) below which the source host has none to spare for the
+# migrations' streams: they share the guests' CPUs (streams_per_link)
+IDLE_CPU = 1.0
 # bandwidth changes smaller than this share are not sent (libvirt's cap is whole
 # MiB/s and each change is a call to the source daemon)
 CHANGE = 0.10
@@ -134,6 +140,9 @@ class Snapshot:
     vms: tuple[VmState, ...]
     links: dict[str, float]  # bytes/s per link
     max_parallel: int = 3
+    # streams that hold each link at once (None: as many as the reserves allow); 1
+    # on a source host without an idle CPU (:func:`streams_per_link`)
+    per_link: int | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,29 @@ def reserve(f: VmFacts, link: float) -> float:
 def heavy(f: VmFacts, link: float) -> bool:
     """Needs a throttle even with the whole link to itself."""
     return f.dirty_rate / (MAX_Q * f.resend_ratio) > link
+
+
+def streams_per_link(spare_cpus: float | None) -> int | None:
+    """How many streams each link carries at once, from the source host's idle CPUs
+    (its CPUs less what its running domains used, measured before the plan; None: not
+    measured, no limit).
+
+    A migration slows its guest while it runs (dirty tracking: under TCG every first
+    write to a page after a sync takes QEMU's slow path; under KVM a write fault) and
+    its encoding takes CPU on the source. Streams sharing a link each last as long as
+    all of them together (n streams of B bytes on a link of L: each ≈ n·B/L), so they
+    keep n times the VM-seconds under migration that streams one after the other do
+    (B/L each), for the same time to empty the link. Where the host has an idle CPU,
+    streams side by side cost the guests little and overlap what one cannot (a
+    CPU-bound stream, the fixed costs around it), so the reserves decide. Where it has
+    none, every CPU-second the migrations take is the guests': one stream at a time per
+    link, the next VM's start overlapping the tail of the one before (``ENDING_S``). On
+    the busy fleet of 2026-11-28 (docs/results/evacuate-2026-11-28.md, set i) the
+    guests used all but 0-0.2 of the two CPUs, and four streams at once lost 18-28 s
+    of guest work where two at a time (fixed:2) lost 11-17 s."""
+    if spare_cpus is None or spare_cpus >= IDLE_CPU:
+        return None
+    return 1
 
 
 def seconds(f: VmFacts, bandwidth: float, overhead: Overhead = MODELLED) -> float:
@@ -212,6 +244,9 @@ def decide(s: Snapshot) -> list[Action]:
         if not heads:
             break
         _, _, ln = min(heads)
+        if s.per_link is not None and len(holding[ln]) + len(starting[ln]) >= s.per_link:
+            blocked.add(ln)  # the host's CPUs: its next stream waits for this one's tail
+            continue
         link, v = s.links[ln], queues[ln].pop(0)
         if heavy(v.facts, link):
             if not holding[ln] and not starting[ln]:
@@ -377,7 +412,7 @@ class Plan:
 
 def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 3,
              policy: Callable[[Snapshot], list[Action]] | None = None,
-             overhead: Overhead = MODELLED) -> Plan:
+             overhead: Overhead = MODELLED, per_link: int | None = None) -> Plan:
     """Run ``decide`` (or ``policy(snapshot)``) against the model. A migration is
     ``overhead.pre`` without the link, then its stream (the encoding model's time at
     the rate it gets under its cap beside the other streams on its link,
@@ -392,7 +427,7 @@ def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 
     # each pass ends at an event (a phase ends, a stream turns ending): at most a few
     # per VM, and a pass with nothing running ends the loop
     for _ in range(20 * len(fleet) + 20):
-        acts = choose(Snapshot(t, tuple(states.values()), links, max_parallel))
+        acts = choose(Snapshot(t, tuple(states.values()), links, max_parallel, per_link))
         for a in acts:
             v = states[a.name]
             states[a.name] = replace(v, status=MIGRATING, bandwidth=a.bandwidth)
