@@ -329,7 +329,7 @@ def test_without_an_idle_cpu_each_link_carries_one_stream_at_a_time() -> None:
     assert under_migration(one) < 0.7 * under_migration(wide)
     # two links: one stream on each at once
     two = {"x": LINK, "y": LINK}
-    spread = [replace(f, link=ln) for f, ln in zip(fleet + [idle("d")], "xxyy", strict=True)]
+    spread = [replace(f, link=ln) for f, ln in zip([*fleet, idle("d")], "xxyy", strict=True)]
     plan = simulate(spread, two, max_parallel=4, per_link=1)
     assert not plan.share_link("a", "b") and not plan.share_link("c", "d")
     assert plan.share_link("a", "c") or plan.share_link("a", "d")
