@@ -94,7 +94,8 @@ def running_domains(conn: Any) -> dict[str, Any]:
 def spare_cpus(conn: Any, seconds: float) -> float | None:
     """The source host's CPUs (``virNodeGetInfo``) less what its running domains used
     over ``seconds`` (their ``cpu.time``, every QEMU thread: vCPUs, I/O, migration;
-    the samples taken meanwhile count, so it errs low); None when libvirt cannot say."""
+    taken before the samples, whose threads would count); None when libvirt cannot
+    say."""
     from livemig.virt.conn import libvirt_module
 
     libvirt = libvirt_module()
