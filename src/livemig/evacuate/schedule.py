@@ -189,9 +189,9 @@ def streams_per_link(spare_cpus: float | None) -> int | None:
     CPU-bound stream, the fixed costs around it), so the reserves decide. Where it has
     none, every CPU-second the migrations take is the guests': one stream at a time per
     link, the next VM's start overlapping the tail of the one before (``ENDING_S``). On
-    the busy fleet of 2026-11-28 (docs/results/evacuate-2026-11-28.md, set i) the
-    guests used all but 0-0.2 of the two CPUs, and four streams at once lost 18-28 s
-    of guest work where two at a time (fixed:2) lost 11-17 s."""
+    the busy fleet of 2026-11-28 (docs/results/evacuate-2026-11-28.md, sets i-j) the
+    domains used all but 0.5-1.1 of the two CPUs; four streams at once lost 27.5 s
+    of guest work (median of 5) where fixed:2 lost 16.9 s, one per link 21.1 s."""
     if spare_cpus is None or spare_cpus >= IDLE_CPU:
         return None
     return 1
