@@ -353,3 +353,19 @@ def test_spare_cpus_are_the_hosts_less_what_its_domains_used() -> None:
     spare = fleet.spare_cpus(conn, 0.5)
     assert spare is not None and 0.39 < spare < 0.8  # 2 - 1.6 (the sleep may run over)
     assert fleet.spare_cpus(SimpleNamespace(), 0.01) is None  # a daemon that cannot say
+
+
+def test_a_start_beside_an_ending_stream_expects_the_link_without_it() -> None:
+    """Its first byte comes after the ending stream's last: the rate its child's
+    encoding model plans with is the link's (set j: 50 Mbit/s of 100 was planned for
+    a whole-page writer that then had the link to itself)."""
+    b, c = busy("b", 10 * M), busy("c", 10 * M)
+    ending = VmState(b, MIGRATING, LINK, progress=0.9, tail_s=ENDING_S - 1)
+    (start,) = [a for a in decide(Snapshot(0.0, (ending, VmState(c)), LINKS, per_link=1))
+                if isinstance(a, Start)]
+    assert start.name == "c" and start.expected == LINK
+    # a stream that is not ending still shares the link with what starts beside it
+    going = VmState(b, MIGRATING, LINK, progress=0.5, tail_s=ENDING_S + 5)
+    (start,) = [a for a in decide(Snapshot(0.0, (going, VmState(c)), LINKS))
+                if isinstance(a, Start)]
+    assert start.expected == LINK / 2

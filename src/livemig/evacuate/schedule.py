@@ -270,7 +270,12 @@ def decide(s: Snapshot) -> list[Action]:
         # an ending stream is not capped: what starts beside it sends nothing for
         # its first ENDING_S (child start, prepare), and the tail should be done by then
         caps = split(link, [v.facts for v in holding[ln] + starting[ln]])
-        caps.update({v.facts.name: link for v in mine[ln] if v.ending})
+        ending = {v.facts.name for v in mine[ln] if v.ending}
+        # a start's first byte comes after the ending streams' last (that is what
+        # ending means): it expects its share of the link without them, the rate its
+        # child's encoding model plans with (--set link-rate)
+        after = effective(link, {n: c for n, c in caps.items() if n not in ending})
+        caps.update({n: link for n in ending})
         gets = effective(link, caps)
         for v in mine[ln]:
             new = caps[v.facts.name]
@@ -279,9 +284,9 @@ def decide(s: Snapshot) -> list[Action]:
                                         _why(v.facts, new, gets[v.facts.name], link,
                                              len(group)), gets[v.facts.name]))
         for v in starting[ln]:
-            bw, rate = caps[v.facts.name], gets[v.facts.name]
-            out.append(Start(v.facts.name, bw, _why(v.facts, bw, rate, link, len(group)),
-                             rate))
+            bw, rate = caps[v.facts.name], after[v.facts.name]
+            out.append(Start(v.facts.name, bw, _why(v.facts, bw, rate, link,
+                                                    len(group) - len(ending)), rate))
     return out
 
 
