@@ -79,7 +79,10 @@ class DiskCopy:
 
     @property
     def remaining(self) -> int | None:
-        if self.job is None or self.mirror is None or not self.mirror.active:
+        """Bytes the mirror still has to copy; None before its job has sized the disk
+        (QEMU's first answer can be len 0, offset 0: not a finished copy)."""
+        if self.job is None or self.mirror is None or not self.mirror.active \
+                or not int(self.job["len"]):
             return None
         return int(self.job["len"]) - int(self.job["offset"])
 
