@@ -403,11 +403,9 @@ def test_ends_that_switch_codecs_start_at_once_and_choose_beside_the_first_pass(
         rec = asyncio.run(switch(q, a.deferred, a.encoding, _SWITCH_PARAMS,
                                  events, told))
         assert rec["encoding"] == chosen and rec["started_with"] == "zstd"
-        # the switch after the first pass is the executor's, for zstd+delta only; a
-        # zstd first pass is watched for a starved CPU (policy/cpubound.py)
+        # the switch after the first pass is the executor's, for zstd+delta only
         assert [p.name for p in told.policies] == (
-            ["after-first-pass"] if chosen == "zstd+delta" else []) + (
-            ["cpu-bound-codec"] if chosen.startswith("zstd") else [])
+            ["after-first-pass"] if chosen == "zstd+delta" else [])
         assert rec["switched"] is bool(sets)
         assert [args for c, args in q.log if c == "migrate-set-parameters"] == sets
         assert [e["event"] for e in events.log] == [

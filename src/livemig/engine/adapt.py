@@ -166,7 +166,6 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
         events.event("encoding not chosen", reason=f"set explicitly: {', '.join(given)}")
         return {"encoding": None, "reason": f"set explicitly: {', '.join(given)}"}, {}
     sampled: dict[str, Any] | None = None
-    first: dict[str, list[float]] = {}  # the sample's first-pass codecs: [ratio, speed]
     if want == "auto":
         sampler, close = sampler_for(src, plan.livemig_setting("sampler"), commands, hints)
         events.say(f"sampling the guest's pages ({sampler.name} sampler)")
@@ -200,7 +199,6 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
             raise
         ctx = await reading
         sampled = result.as_dict()
-        first = {n: [round(c.ratio, 4), round(c.speed)] for n, c in result.sample.first.items()}
         choice = encoding.choose_sample(result.sample, ctx)
     elif want in encoding.ENCODINGS:
         ctx = dataclasses.replace(await context(src, plan, hints), auto_converge=auto_converge)
@@ -216,11 +214,9 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
            "samples": choice.samples, "applied": applied, "sampler": sampled,
            "context": {"link_rate": ctx.link_rate, "cpus": ctx.cpus,
                        "guest_ram": ctx.guest_ram, "codecs": sorted(ctx.codecs),
-                       "delta": ctx.delta, "switch": ctx.switch, "tls": ctx.tls,
+                       "delta": ctx.delta, "switch": ctx.switch,
                        "auto_converge": ctx.auto_converge},
            "page_rates": {k: round(v) for k, v in choice.page_rates.items()}}
-    if first:  # for the first pass's CPU check (policy/cpubound.py)
-        rec["first_codecs"] = first
     then = choice.after_first_pass()
     if then:
         rec["after_first_pass"] = then

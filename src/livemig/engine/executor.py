@@ -43,9 +43,7 @@ from livemig.policy.convergence import (
     PostcopyAfter,
     SwitchoverBandwidth,
 )
-from livemig.policy.cpubound import CpuBoundCodec
 from livemig.policy.disk import IoQos, LinkShare
-from livemig.policy.encoding import Codec
 from livemig.policy.throttle import ThrottlePolicy
 
 log = logging.getLogger(__name__)
@@ -143,25 +141,6 @@ class PolicyExecutor:
             self.policies.append(AfterFirstPass(str(method)))
             if self.converge is not None:
                 self.converge.expect_codec_switch()
-        self._watch_cpu(encoding or {})
-
-    def _watch_cpu(self, enc: Mapping[str, Any]) -> None:
-        """A zstd first pass on a QEMU that can change its codec while it runs is
-        watched for a starved CPU (:class:`CpuBoundCodec`), against the link and the
-        CPU its choice planned with."""
-        ctx = enc.get("context") or {}
-        applied = enc.get("applied") or {}
-        link = ctx.get("link_rate")
-        if (not ctx.get("switch") or applied.get("multifd-compression") != "zstd"
-                or not link or any(isinstance(p, CpuBoundCodec) for p in self.policies)):
-            return
-        level = str(applied.get("multifd-zstd-level", "1"))
-        codecs = {str(n): Codec(float(r), float(s))
-                  for n, (r, s) in (enc.get("first_codecs") or {}).items()}
-        self.policies.append(CpuBoundCodec("zstd" if level == "1" else f"zstd-{level}",
-                                           "zstd", codecs, float(link),
-                                           float(ctx.get("cpus", 1.0)),
-                                           bool(ctx.get("tls"))))
 
     async def tick(self, s: Snapshot) -> Verdict:
         """Run every policy on ``s``, carry out what they decide, renew the throttle's
