@@ -117,8 +117,8 @@ class DomainRun:
     # destination QEMU started, and the disk copy): anchored from a passthrough
     # ``query-migrate``'s ``total-time`` at the first poll that sees it active
     t_qemu: float | None = None
-    # the source was paused for the switchover (libvirt's lifecycle event, suspended
-    # for migration or post-copy): QEMU's migration ends its downtime later
+    # the source was paused for a pre-copy switchover (libvirt's lifecycle event,
+    # suspended for migration): QEMU's migration ends its downtime later
     t_switch: float | None = None
     t_cont: float | None = None  # the held-paused destination was resumed
     result: Outcome = field(default_factory=Outcome)
@@ -455,9 +455,10 @@ class DomainMigration:
 
         def on_lifecycle(_conn: Any, _dom: Any, event: int, detail: int,
                          _opaque: Any) -> None:
+            # a pre-copy switchover only: after a post-copy start (its own detail)
+            # QEMU's migration goes on, so the call is not split there
             if (event == lv.VIR_DOMAIN_EVENT_SUSPENDED and self.run.t_switch is None
-                    and detail in (lv.VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED,
-                                   lv.VIR_DOMAIN_EVENT_SUSPENDED_POSTCOPY)):
+                    and detail == lv.VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED):
                 self.run.t_switch = time.time()
         for ev, cb in ((lv.VIR_DOMAIN_EVENT_ID_MIGRATION_ITERATION, on_iteration),
                        (lv.VIR_DOMAIN_EVENT_ID_LIFECYCLE, on_lifecycle)):
