@@ -59,10 +59,14 @@ class Measured:
     note: str = ""  # why not sampled, or what failed
     sampled: SampleResult | None = None  # handed to the VM's migration (sampling.given)
     sampled_at: float = 0.0  # when (seconds since the epoch)
-    # the dirty rates measured (bytes/s, None: not measured) and which one the plan took
+    # the dirty rates measured (bytes/s, None: not measured)
     window_rate: float | None = None
     sample_rate: float | None = None
-    dirty_from: str = "none"
+
+    @property
+    def dirty_from(self) -> str:
+        """Which rate the plan took (:func:`dirty_rate`)."""
+        return dirty_rate(self.window_rate, self.sample_rate)[1]
 
     def detail(self) -> dict[str, Any]:
         """The report's measurement entry."""
@@ -100,14 +104,14 @@ def spare_cpus(conn: Any, seconds: float) -> float | None:
 
     libvirt = libvirt_module()
 
-    def used() -> tuple[float, int]:
-        doms = list(running_domains(conn).values())
+    def used(doms: list[Any]) -> tuple[float, int]:
         stats = conn.domainListGetStats(doms, libvirt.VIR_DOMAIN_STATS_CPU_TOTAL)
         return time.monotonic(), sum(int(s.get("cpu.time", 0)) for _, s in stats)
     try:
-        t0, c0 = used()
+        doms = list(running_domains(conn).values())
+        t0, c0 = used(doms)
         time.sleep(seconds)
-        t1, c1 = used()
+        t1, c1 = used(doms)
         cpus = float(conn.getInfo()[2])
     except Exception:  # an old daemon, a domain gone meanwhile: unknown
         return None
@@ -248,12 +252,12 @@ def measure(conn: Any, names: list[str], do_sample: bool = True
         info = d.info()
         ram = int(info[1]) * 1024
         window, seen = rates.get(d.name()), sample_rate(ram, s.sample if s else None)
-        _, whose = dirty_rate(window, seen)
-        note = "dirty rate not measured: assumed 0" if whose == "none" else ""
+        note = ("dirty rate not measured: assumed 0" if window is None and seen is None
+                else "")
         out.append(Measured(facts_from(d.name(), ram, window, s.sample if s else None),
                             int(info[3]), how if s is not None else None,
                             "; ".join(x for x in (note, "" if s else how) if x),
-                            s, at, window, seen, whose))
+                            s, at, window, seen))
     return out, spare
 
 
