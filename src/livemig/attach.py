@@ -20,7 +20,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from livemig import dststart, paths
+from livemig import dststart, idlecpu, paths
 from livemig.engine.adapt import Hints, adapt
 from livemig.engine.endpoint import (
     Endpoint,
@@ -36,6 +36,7 @@ from livemig.engine.record import MigrationRecord
 from livemig.engine.run import Engine
 from livemig.errors import UsageError, VMError
 from livemig.report import AttachFacts
+from livemig.sampling.readers import qemu_is_local
 from livemig.settings import SWITCH_CAP, resolve
 
 CONNECT_TIMEOUT_S = 10.0
@@ -139,12 +140,16 @@ async def run_attach(src_qmp: Path, dst_qmp: Path | None, plan: Plan, events: Ev
             events.event("destination started", argv=started.args, pid=started.pid)
         else:
             dst = await _connect("dst", "--dst-qmp", dst_qmp)
+        # the source host's idle CPUs over the checks that follow (a QEMU elsewhere,
+        # reached over TCP: not known)
+        idle = idlecpu.local() if qemu_is_local(src.pid) else None
         accel = await _accel(src)
         plan = dataclasses.replace(plan, accel=accel).validate()
         await check_ends(src, dst, plan)
         dst_caps = {c["capability"] for c in await dst.cmd("query-migrate-capabilities")}
         adapted = await adapt(src, plan, Hints(scratch=gdir.parent,
-                                               dst_switch=SWITCH_CAP in dst_caps), events)
+                                               dst_switch=SWITCH_CAP in dst_caps,
+                                               idle=idle), events)
         plan = adapted.plan
         events.say(f"attached: source {src_qmp} (pid {src.pid}), destination "
                    f"{dst.socket_path} (pid {dst.pid}), {accel}; migrating to {plan.uri}")

@@ -170,12 +170,27 @@ def test_zstd_level_3_when_the_link_binds_and_level_1_when_the_cpu_does():
     pages = _mixed_pages(600)
     pairs = list(zip(pages[:20], _mixed_pages(20), strict=True))
     codecs = frozenset({"zstd", "plain"})
-    slow = choose(pairs, Context(link_rate=50e6, codecs=codecs), pages=pages)
+    slow = choose(pairs, Context(link_rate=50e6, codecs=codecs, idle_cpus=1.2), pages=pages)
     assert slow.encoding == "zstd" and slow.applied()["multifd-zstd-level"] == "3", \
         slow.reason
     assert "zstd-3" in slow.reason
-    fast = choose(pairs, Context(link_rate=10e9 / 8, cpus=0.5, codecs=codecs), pages=pages)
+    fast = choose(pairs, Context(link_rate=10e9 / 8, cpus=0.5, codecs=codecs, idle_cpus=1.2),
+                  pages=pages)
     assert fast.applied().get("multifd-zstd-level") != "3", fast.reason
+
+
+def test_no_zstd_level_above_the_default_on_a_host_without_an_idle_cpu():
+    """The level's extra CPU is what the guests leave: with less than a CPU idle on
+    the source host (or none measured) the same link-bound stream keeps level 1."""
+    pages = _mixed_pages(600)
+    pairs = list(zip(pages[:20], _mixed_pages(20), strict=True))
+    codecs = frozenset({"zstd", "plain"})
+    for idle in (0.6, None):
+        busy = choose(pairs, Context(link_rate=50e6, codecs=codecs, idle_cpus=idle),
+                      pages=pages)
+        assert busy.encoding == "zstd", busy.reason
+        assert busy.applied()["multifd-zstd-level"] == "1", busy.reason
+        assert "no level above the default" in busy.reason
 
 
 def test_whole_random_pages_choose_plain():

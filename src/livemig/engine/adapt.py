@@ -6,7 +6,8 @@ edited) plus what it decided and why, for the report:
 
 - ``encoding=auto``: a sample of the guest's pages through the best sampler the source
   offers (:func:`sampler_for`), weighed by :mod:`livemig.policy.encoding` against the
-  link, the CPUs left beside the vCPUs and the codecs this QEMU's multifd has;
+  link, the CPUs left beside the vCPUs, the source host's idle CPUs and the codecs
+  this QEMU's multifd has;
 - with ``x-multifd-compression-switch`` on both ends (the patched build: qemu/patches/
   0012, 0013) the sample does not hold the migration back: the second plan starts with
   zstd keeping lz4's delta cache (``encoding.start_choice``) and the capability, and
@@ -36,6 +37,7 @@ from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
 from livemig.engine.plan import Plan
 from livemig.errors import LivemigError, UsageError, VMError
+from livemig.idlecpu import IdleMeter
 from livemig.policy import encoding
 from livemig.sampling.base import Sampler
 from livemig.sampling.peek import PeekSampler, Read
@@ -74,6 +76,9 @@ class Hints:
     # the destination's QEMU can load a stream whose codec changes (SWITCH_CAP): the
     # caller read it; None or False: the choice is made before the migration starts
     dst_switch: bool | None = None
+    # the source host's idle CPUs, a meter the caller started early (None: not known,
+    # and the model spends no CPU it cannot see: encoding.LEVEL_IDLE)
+    idle: IdleMeter | None = None
 
 
 # takes the sample and chooses (telling the run's event stream): the report's `encoding`
@@ -213,6 +218,7 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
            "changed_share": choice.changed_share, "zlib_ratio": choice.ratio,
            "samples": choice.samples, "applied": applied, "sampler": sampled,
            "context": {"link_rate": ctx.link_rate, "cpus": ctx.cpus,
+                       "idle_cpus": ctx.idle_cpus,
                        "guest_ram": ctx.guest_ram, "codecs": sorted(ctx.codecs),
                        "delta": ctx.delta, "switch": ctx.switch,
                        "auto_converge": ctx.auto_converge},
@@ -280,7 +286,8 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
         switch=(switch if switch is not None else
                 bool(hints.dst_switch) and SWITCH_CAP not in plan.explicit
                 and await _has_switch(src)),
-        tls=hints.tls if hints.tls is not None else plan.tls is not None)
+        tls=hints.tls if hints.tls is not None else plan.tls is not None,
+        idle_cpus=None if hints.idle is None else await hints.idle.idle_cpus())
 
 
 async def _has_switch(src: QmpEnd) -> bool:

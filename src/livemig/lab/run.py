@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from livemig import metrics, paths, private
+from livemig import idlecpu, metrics, paths, private
 from livemig.attach import run_attach
 from livemig.engine.actuator import DiskTargets
 from livemig.engine.adapt import Adapted, Hints, adapt
@@ -575,7 +575,8 @@ class LabRun(Hooks):
         hints = Hints(link_rate=o.link / 8 if o.testbed and o.link else None,
                       file_sampler=pagesample.FileSampler(self.src.config.mem_path),
                       scratch=self.run_dir,
-                      tls=tls_creds.enabled(o.tls, one_host=not o.testbed))
+                      tls=tls_creds.enabled(o.tls, one_host=not o.testbed),
+                      idle=idlecpu.local())
         self.adapted = await adapt(self.src.endpoint, self.plan, hints, self.events)
         self.encoding = self.adapted.encoding
 

@@ -115,6 +115,9 @@ class Context:
     # QEMU's own auto-converge throttles (no set-cpu-throttle: a stock QEMU): the rounds
     # are played by :mod:`livemig.policy.autoconverge` instead of :func:`estimate`
     auto_converge: bool = False
+    # cores' worth of CPU the source host left idle, measured just before (None: not
+    # measured): a codec level that buys bytes with CPU needs LEVEL_IDLE of it
+    idle_cpus: float | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,13 @@ LEVELS: dict[str, tuple[str, dict[str, str]]] = {
 # a level other than the codec's default is chosen only when the model has it this much
 # faster (time plus work lost): below that, its extra CPU is not worth the model's error
 LEVEL_GAIN = 0.02
+# ... and only on a source host with this many idle CPUs (cores' worth, measured): the
+# level's extra CPU is what the guests leave. On a host whose guests keep the CPUs busy
+# it is theirs, and the stream's own threads wait for it: on the busy fleet (five busy
+# 1-vCPU domains on 2 cores, one migrated at 100 Mbit/s over TLS, 3 runs each) zstd-3's
+# first pass took 6.0-9.0 s where level 1's took 5.1-5.8 s, for 15 % fewer bytes
+# (docs/results/evacuate-2026-11-29.md). Not measured: the default level.
+LEVEL_IDLE = 1.0
 
 
 def codec_of(name: str) -> str:
@@ -394,15 +404,17 @@ def estimate_xbzrle_auto_converge(changed_share: float, curve: DirtyCurve,
                     whole_bytes / plain.speed + (run.page_bytes - whole_bytes) / delta.speed)
 
 
-def one_level(est: dict[str, Estimate]) -> dict[str, Estimate]:
+def one_level(est: dict[str, Estimate], idle_cpus: float | None = None) -> dict[str, Estimate]:
     """``est`` with one level of each codec: another level than the default only when
     it scores ``LEVEL_GAIN`` better (the levels differ only in the ratio and speed
     measured on the same pages, so the model compares them directly, not with
-    :func:`pick`'s ties, which would give the default level's lower CPU the choice)."""
+    :func:`pick`'s ties, which would give the default level's lower CPU the choice),
+    and only with ``LEVEL_IDLE`` CPUs idle on the source host."""
     out = dict(est)
+    spare = idle_cpus is not None and idle_cpus >= LEVEL_IDLE
     for name, (codec, _) in LEVELS.items():
         if name in out and codec in out:
-            if out[name].score < (1 - LEVEL_GAIN) * out[codec].score:
+            if spare and out[name].score < (1 - LEVEL_GAIN) * out[codec].score:
                 del out[codec]
             else:
                 del out[name]
@@ -607,7 +619,7 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
         est["xbzrle"] = (estimate_xbzrle_auto_converge(share, curve, ctx)
                          if curve is not None
                          else estimate_xbzrle(share, nonzero, dirty_rate, ctx))
-    name = pick(one_level(est))
+    name = pick(one_level(est, ctx.idle_cpus))
     link = f"{(ctx.link_rate or UNSHAPED) * 8 / 1e6:.0f} Mbit/s"
     why = ", ".join(f"{n} {e.seconds:.1f}s+{e.work_lost:.1f}s lost/{e.bytes / 2**20:.0f}MiB"
                     for n, e in sorted(est.items()))
@@ -620,9 +632,17 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
                  f"{100 * curve.cold_rate:.0f}%/s; a short round fills at "
                  f"{curve.rate() / 2**20:.0f} MiB/s)")
     how = " under QEMU's auto-converge" if ctx.auto_converge else ""
-    reason = (f"{facts}; modelled{how} at {link} and {ctx.cpus:g} CPU for "
+    idle = ("" if ctx.idle_cpus is None else
+            f" ({ctx.idle_cpus:g} idle on the host)")
+    reason = (f"{facts}; modelled{how} at {link} and {ctx.cpus:g} CPU{idle} for "
               f"{nonzero / 2**20:.0f} MiB non-zero, {dirty_rate / 2**20:.0f} MiB/s dirtied"
               f"{shape}: {why}")
+    if any(n in est for n in LEVELS) and not (
+            ctx.idle_cpus is not None and ctx.idle_cpus >= LEVEL_IDLE):
+        seen = ("no idle CPUs measured" if ctx.idle_cpus is None
+                else f"{ctx.idle_cpus:g} CPUs idle")
+        reason += (f"; no level above the default: {seen} on the source host, under the "
+                   f"{LEVEL_IDLE:g} its extra CPU needs")
     if DELTA_KEY in ENCODINGS[name]:  # re-sent pages as deltas: the cache for them
         cache = delta_cache(ctx)
         settings[DELTA_KEY] = f"{cache >> 20}M"

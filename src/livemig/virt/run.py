@@ -34,6 +34,7 @@ from livemig.engine.observe import Observation
 from livemig.engine.plan import Plan as EnginePlan
 from livemig.engine.switch import switch, switch_outcome
 from livemig.errors import LivemigError, UsageError, VMError
+from livemig.idlecpu import IdleMeter
 from livemig.progress import Progress
 from livemig.virt import hold, journal, qmp
 from livemig.virt.actuator import IoDevice, LibvirtActuator, io_devices
@@ -70,7 +71,7 @@ from livemig.virt.plan import (
     with_globals,
 )
 from livemig.virt.repair import put_back
-from livemig.virt.sampling import DomainEnd, adapt_domain
+from livemig.virt.sampling import DomainEnd, adapt_domain, node_meter
 from livemig.virt.stats import PREPARE, disk_observation, disk_sample
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ class DomainMigration:
         self.src_conn: Any = None
         self.dst_conn: Any = None
         self.dom: Any = None
+        self.idle: IdleMeter | None = None  # the source host's idle CPUs (prepare on)
         self.disks: dict[str, str] = {}  # target -> source path (copied disks)
         self.disk_formats: dict[str, str] = {}  # target -> raw, qcow2, ...
         self.disk_method = "nbd"  # nbd | file | stream: how the copied disks are compared
@@ -186,6 +188,8 @@ class DomainMigration:
         if not self.dom.isActive():
             raise UsageError(f"domain {o.domain!r} is not running on {o.src_uri} "
                              "(livemig migrates running domains)")
+        # the encoding model reads the source host's idle CPUs over what follows
+        self.idle = node_meter(self.src_conn)
         self.dst_conn = open_uri(o.dst_uri, "--to")
         src_host = host_uuid(self.src_conn)
         if src_host is not None and src_host == host_uuid(self.dst_conn):
@@ -282,7 +286,8 @@ class DomainMigration:
             bandwidth=o.request.bandwidth).validate()
         events = EventStream(self.run.t0)
         events.subscribe(progress_listener(self.progress))
-        adapted = adapt_domain(self.dom, self.src_conn, first, events, o.request.tls)
+        adapted = adapt_domain(self.dom, self.src_conn, first, events, o.request.tls,
+                               self.idle)
         self.run.events.extend(events.log)
         self.run.encoding = adapted.encoding
         self.deferred = adapted.deferred

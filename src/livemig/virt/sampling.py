@@ -21,6 +21,7 @@ from typing import Any
 from livemig.engine.adapt import Adapted, Hints, adapt
 from livemig.engine.events import EventStream
 from livemig.engine.plan import Plan
+from livemig.idlecpu import Counters, IdleMeter
 from livemig.sampling import given
 from livemig.virt import qmp
 from livemig.virt.conn import LibvirtError, libvirt_module, message
@@ -71,13 +72,32 @@ def peek_reader(dom: Any) -> Any:
     return read
 
 
-def host_hints(conn: Any, dom: Any, tls: bool = False) -> Hints:
-    """The source host's CPUs beside the domain's vCPUs and its free memory; ``tls``:
-    the stream goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte."""
+def node_meter(conn: Any) -> IdleMeter:
+    """The source host's idle CPUs (``virNodeGetCPUStats`` of all CPUs: idle and
+    iowait against kernel and user), its first reading now."""
+    libvirt = libvirt_module()
+
+    def read() -> Counters | None:
+        try:
+            s = conn.getCPUStats(libvirt.VIR_NODE_CPU_STATS_ALL_CPUS)
+            cpus = int(conn.getInfo()[2])
+        except libvirt.libvirtError:  # an old daemon, a remote one that will not say
+            return None
+        idle = float(s.get("idle", 0) + s.get("iowait", 0))
+        return idle, idle + float(s.get("kernel", 0) + s.get("user", 0)), cpus
+    return IdleMeter(read)
+
+
+def host_hints(conn: Any, dom: Any, tls: bool = False,
+               idle: IdleMeter | None = None) -> Hints:
+    """The source host's CPUs beside the domain's vCPUs, its idle CPUs (``idle``, a
+    meter started earlier; else one started now) and its free memory; ``tls``: the
+    stream goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte."""
     cpus = int(conn.getInfo()[2])
     vcpus = int(dom.info()[3])
     return Hints(cpus=max(0.5, min(2.0, float(cpus - vcpus))),
-                 host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls)
+                 host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls,
+                 idle=idle if idle is not None else node_meter(conn))
 
 
 def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
@@ -96,9 +116,10 @@ def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
 
 
 def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream,
-                 tls: bool = False) -> Adapted:
-    """The second plan for ``dom`` (sync: libvirt runs are)."""
-    hints = host_hints(conn, dom, tls)
+                 tls: bool = False, idle: IdleMeter | None = None) -> Adapted:
+    """The second plan for ``dom`` (sync: libvirt runs are); ``idle``: the source
+    host's idle-CPU meter, started when the run connected."""
+    hints = host_hints(conn, dom, tls, idle)
     auto = (plan.livemig_setting("encoding") == "auto"
             and plan.livemig_setting("sampler") == "auto")
     reuse = given_sample(str(dom.name()), events) if auto else None  # else unused

@@ -1,0 +1,75 @@
+"""A host's idle CPUs over a window: cores' worth of CPU time that nothing used.
+
+The encoding model asks before it lets a codec spend more CPU for fewer bytes (a zstd
+level above QEMU's default, :data:`livemig.policy.encoding.LEVEL_IDLE`): on a host
+whose guests keep its CPUs busy, that CPU is taken from the guests, and the stream's
+own threads wait for it. The counters come from where the source QEMU runs: this
+host's ``/proc/stat`` (a QEMU livemig reaches by its pid), or the source libvirt
+daemon's ``virNodeGetCPUStats`` (:func:`livemig.virt.sampling.host_hints`).
+
+A :class:`IdleMeter` takes its first reading when it is made and its second when
+asked, at least :data:`WINDOW_S` later: a caller makes it early, before connecting
+and negotiating, so that the window has passed by the time the model asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+# idle time, all time (both in one unit), the host's CPUs
+Counters = tuple[float, float, int]
+Reader = Callable[[], Counters | None]
+
+WINDOW_S = 0.3  # the shortest window read: /proc/stat counts in 10 ms ticks per CPU
+
+
+def proc_stat(path: str = "/proc/stat") -> Counters | None:
+    """This host's counters: ``idle`` and ``iowait`` against every state of the
+    ``cpu`` line, over the ``cpuN`` lines' count."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    total = next((ln.split()[1:] for ln in lines if ln.startswith("cpu ")), None)
+    cpus = sum(1 for ln in lines if ln.startswith("cpu") and ln[3:4].isdigit())
+    if not total or len(total) < 5 or not cpus:
+        return None
+    ticks = [float(x) for x in total[:8]]  # guest time is counted in user already
+    return ticks[3] + ticks[4], sum(ticks), cpus
+
+
+def idle_cpus(first: Counters, second: Counters) -> float | None:
+    """Cores' worth of idle CPU between two readings (None: no time passed)."""
+    spent = second[1] - first[1]
+    if spent <= 0:
+        return None
+    share = (second[0] - first[0]) / spent
+    return round(max(0.0, min(1.0, share)) * second[2], 2)
+
+
+class IdleMeter:
+    """Idle CPUs from the first reading (now) to the second (:meth:`idle_cpus`)."""
+
+    def __init__(self, read: Reader, window: float = WINDOW_S) -> None:
+        self._read = read
+        self._window = window
+        self._t0 = time.monotonic()
+        self._first = read()
+
+    async def idle_cpus(self) -> float | None:
+        """None when either reading failed."""
+        if self._first is None:
+            return None
+        wait = self._window - (time.monotonic() - self._t0)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        second = await asyncio.to_thread(self._read)
+        return None if second is None else idle_cpus(self._first, second)
+
+
+def local() -> IdleMeter:
+    """A meter of this host (a QEMU livemig reaches by its pid runs here)."""
+    return IdleMeter(proc_stat)
