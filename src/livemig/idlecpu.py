@@ -1,7 +1,7 @@
 """A host's idle CPUs over a window: cores' worth of CPU time that nothing used.
 
 The encoding model asks before it lets a codec spend more CPU for fewer bytes (a zstd
-level above QEMU's default, :data:`livemig.policy.encoding.LEVEL_IDLE`): on a host
+level above QEMU's default, :func:`livemig.policy.encoding.idle_covers`): on a host
 whose guests keep its CPUs busy, that CPU is taken from the guests, and the stream's
 own threads wait for it. The counters come from where the source QEMU runs: this
 host's ``/proc/stat`` (a QEMU livemig reaches by its pid), or the source libvirt

@@ -77,7 +77,7 @@ class Hints:
     # caller read it; None or False: the choice is made before the migration starts
     dst_switch: bool | None = None
     # the source host's idle CPUs, a meter the caller started early (None: not known,
-    # and the model spends no CPU it cannot see: encoding.LEVEL_IDLE)
+    # and the model spends no CPU it cannot see: encoding.idle_covers)
     idle: IdleMeter | None = None
 
 

@@ -116,7 +116,7 @@ class Context:
     # are played by :mod:`livemig.policy.autoconverge` instead of :func:`estimate`
     auto_converge: bool = False
     # cores' worth of CPU the source host left idle, measured just before (None: not
-    # measured): a codec level that buys bytes with CPU needs LEVEL_IDLE of it
+    # measured): a codec level that buys bytes with CPU needs it (idle_covers)
     idle_cpus: float | None = None
 
 
@@ -192,13 +192,14 @@ LEVELS: dict[str, tuple[str, dict[str, str]]] = {
 # a level other than the codec's default is chosen only when the model has it this much
 # faster (time plus work lost): below that, its extra CPU is not worth the model's error
 LEVEL_GAIN = 0.02
-# ... and only on a source host with this many idle CPUs (cores' worth, measured): the
-# level's extra CPU is what the guests leave. On a host whose guests keep the CPUs busy
-# it is theirs, and the stream's own threads wait for it: on the busy fleet (five busy
-# 1-vCPU domains on 2 cores, one migrated at 100 Mbit/s over TLS, 3 runs each) zstd-3's
-# first pass took 6.0-9.0 s where level 1's took 5.1-5.8 s, for 15 % fewer bytes
-# (docs/results/evacuate-2026-11-29.md). Not measured: the default level.
-LEVEL_IDLE = 1.0
+# ... and only when the source host's idle CPUs (measured) cover the level's CPU over
+# its modelled run (Estimate.cpu_seconds / seconds): the CPU a level spends beyond the
+# default is what the guests leave, or it is taken from them and the stream's own
+# threads wait for it. On the busy fleet (five busy 1-vCPU domains on 2 cores, 0.0 idle
+# read) zstd-3's first pass of the whole-page writer took 6.0-9.0 s where level 1's
+# took 5.1-5.8 s at 100 Mbit/s, for 15 % fewer bytes (docs/results/evacuate-2026-11-29.md);
+# the writer alone on the host leaves 0.6-0.8 idle. Not measured: the default level,
+# as stock spends.
 
 
 def codec_of(name: str) -> str:
@@ -409,16 +410,21 @@ def one_level(est: dict[str, Estimate], idle_cpus: float | None = None) -> dict[
     it scores ``LEVEL_GAIN`` better (the levels differ only in the ratio and speed
     measured on the same pages, so the model compares them directly, not with
     :func:`pick`'s ties, which would give the default level's lower CPU the choice),
-    and only with ``LEVEL_IDLE`` CPUs idle on the source host."""
+    and only when the source host's idle CPUs cover it (:func:`idle_covers`)."""
     out = dict(est)
-    spare = idle_cpus is not None and idle_cpus >= LEVEL_IDLE
     for name, (codec, _) in LEVELS.items():
         if name in out and codec in out:
-            if spare and out[name].score < (1 - LEVEL_GAIN) * out[codec].score:
+            if idle_covers(out[name], idle_cpus) \
+                    and out[name].score < (1 - LEVEL_GAIN) * out[codec].score:
                 del out[codec]
             else:
                 del out[name]
     return out
+
+
+def idle_covers(e: Estimate, idle_cpus: float | None) -> bool:
+    """The host's idle CPUs (None: not measured) cover ``e``'s mean CPU."""
+    return idle_cpus is not None and idle_cpus >= e.cpu_seconds / max(e.seconds, 1e-9)
 
 
 def pick(est: dict[str, Estimate]) -> str:
@@ -637,12 +643,13 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     reason = (f"{facts}; modelled{how} at {link} and {ctx.cpus:g} CPU{idle} for "
               f"{nonzero / 2**20:.0f} MiB non-zero, {dirty_rate / 2**20:.0f} MiB/s dirtied"
               f"{shape}: {why}")
-    if any(n in est for n in LEVELS) and not (
-            ctx.idle_cpus is not None and ctx.idle_cpus >= LEVEL_IDLE):
+    short = [n for n in LEVELS if n in est and not idle_covers(est[n], ctx.idle_cpus)]
+    if short:
         seen = ("no idle CPUs measured" if ctx.idle_cpus is None
                 else f"{ctx.idle_cpus:g} CPUs idle")
+        need = max(est[n].cpu_seconds / max(est[n].seconds, 1e-9) for n in short)
         reason += (f"; no level above the default: {seen} on the source host, under the "
-                   f"{LEVEL_IDLE:g} its extra CPU needs")
+                   f"{need:.2f} {'/'.join(short)} would use")
     if DELTA_KEY in ENCODINGS[name]:  # re-sent pages as deltas: the cache for them
         cache = delta_cache(ctx)
         settings[DELTA_KEY] = f"{cache >> 20}M"
