@@ -335,7 +335,21 @@ def test_without_an_idle_cpu_each_link_carries_one_stream_at_a_time() -> None:
     assert plan.share_link("a", "c") or plan.share_link("a", "d")
 
 
+def test_spare_cpus_are_the_hosts_idle_cpus() -> None:
+    from types import SimpleNamespace
+
+    from livemig.evacuate import fleet
+
+    # 0.3 of 2 CPUs' ticks idle between the readings
+    stats = iter([{"idle": 0, "iowait": 0, "kernel": 0, "user": 0},
+                  {"idle": 500, "iowait": 100, "kernel": 400, "user": 1000}])
+    conn = SimpleNamespace(getCPUStats=lambda which: next(stats),
+                           getInfo=lambda: ["x86_64", 4096, 2, 2000, 1, 1, 2, 1])
+    assert fleet.spare_cpus(conn, 0.01) == 0.6
+
+
 def test_spare_cpus_are_the_hosts_less_what_its_domains_used() -> None:
+    """A daemon without node CPU stats: the host's CPUs less its domains' use."""
     from types import SimpleNamespace
 
     from livemig.evacuate import fleet

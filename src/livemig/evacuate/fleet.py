@@ -96,10 +96,18 @@ def running_domains(conn: Any) -> dict[str, Any]:
 
 
 def spare_cpus(conn: Any, seconds: float) -> float | None:
-    """The source host's CPUs (``virNodeGetInfo``) less what its running domains used
-    over ``seconds`` (their ``cpu.time``, every QEMU thread: vCPUs, I/O, migration;
-    taken before the samples, whose threads would count); None when libvirt cannot
-    say."""
+    """The source host's idle CPUs over ``seconds`` (``virNodeGetCPUStats``, as the
+    encoding model reads them: :func:`livemig.virt.sampling.node_meter`); a daemon that
+    will not say: its CPUs (``virNodeGetInfo``) less what its running domains used
+    (their ``cpu.time``, every QEMU thread). Taken before the samples, whose threads
+    would count; None when libvirt cannot say either."""
+    from livemig.virt.sampling import node_meter
+
+    idle = asyncio.run(node_meter(conn, seconds).idle_cpus())
+    return idle if idle is not None else _domains_spare(conn, seconds)
+
+
+def _domains_spare(conn: Any, seconds: float) -> float | None:
     from livemig.virt.conn import libvirt_module
 
     libvirt = libvirt_module()

@@ -176,8 +176,9 @@ def heavy(f: VmFacts, link: float) -> bool:
 
 def streams_per_link(spare_cpus: float | None) -> int | None:
     """How many streams each link carries at once, from the source host's idle CPUs
-    (its CPUs less what its running domains used, measured before the plan; None: not
-    measured, no limit).
+    (the node's CPU counters over half a second before the samples, or its CPUs less
+    what its domains used where the daemon has no counters; None: not measured, no
+    limit).
 
     A migration slows its guest while it runs (dirty tracking: under TCG every first
     write to a page after a sync takes QEMU's slow path; under KVM a write fault) and

@@ -21,7 +21,7 @@ from typing import Any
 from livemig.engine.adapt import Adapted, Hints, adapt
 from livemig.engine.events import EventStream
 from livemig.engine.plan import Plan
-from livemig.idlecpu import Counters, IdleMeter
+from livemig.idlecpu import WINDOW_S, Counters, IdleMeter
 from livemig.sampling import given
 from livemig.virt import qmp
 from livemig.virt.conn import LibvirtError, libvirt_module, message
@@ -72,20 +72,20 @@ def peek_reader(dom: Any) -> Any:
     return read
 
 
-def node_meter(conn: Any) -> IdleMeter:
-    """The source host's idle CPUs (``virNodeGetCPUStats`` of all CPUs: idle and
-    iowait against kernel and user), its first reading now."""
+def node_meter(conn: Any, window: float = WINDOW_S) -> IdleMeter:
+    """The host's idle CPUs (``virNodeGetCPUStats`` of all CPUs: idle and iowait
+    against kernel and user), its first reading now."""
     libvirt = libvirt_module()
 
     def read() -> Counters | None:
         try:
             s = conn.getCPUStats(libvirt.VIR_NODE_CPU_STATS_ALL_CPUS)
             cpus = int(conn.getInfo()[2])
-        except libvirt.libvirtError:  # an old daemon, a remote one that will not say
+        except (libvirt.libvirtError, AttributeError):  # a daemon that will not say
             return None
         idle = float(s.get("idle", 0) + s.get("iowait", 0))
         return idle, idle + float(s.get("kernel", 0) + s.get("user", 0)), cpus
-    return IdleMeter(read)
+    return IdleMeter(read, window)
 
 
 def host_hints(conn: Any, dom: Any, tls: bool = False,
