@@ -73,6 +73,11 @@ set -e
 pass=$(grep -c '^ok ' "$log" | grep -v SKIP || true)
 skip=$(grep -c '^ok .*# SKIP' "$log" || true)
 fail=$(grep -c '^not ok ' "$log" || true)
+if (( rc != 0 || fail > 0 )); then
+    # what failed, with QEMU's and glib's messages: the filtered lines above omit them
+    echo "== qtest: the last 80 lines of migration-test's output" >&2
+    tail -n 80 "$log" >&2
+fi
 rm -f "$log"
 echo "== qtest: $((SECONDS - t))s"
 echo "$((pass - skip)) passed, $fail failed, $skip skipped"
