@@ -8,8 +8,9 @@ host's ``/proc/stat`` (a QEMU livemig reaches by its pid), or the source libvirt
 daemon's ``virNodeGetCPUStats`` (:func:`livemig.virt.sampling.host_hints`).
 
 A :class:`IdleMeter` takes its first reading when it is made and its second when
-asked, at least :data:`WINDOW_S` later: a caller makes it early, before connecting
-and negotiating, so that the window has passed by the time the model asks.
+asked, at least :data:`WINDOW_S` later: a caller makes it as soon as it has reached
+the source, before its checks and negotiation, so that the window has mostly passed
+by the time the model asks.
 """
 
 from __future__ import annotations
