@@ -5,7 +5,7 @@ level above QEMU's default, :func:`livemig.policy.encoding.idle_covers`): on a h
 whose guests keep its CPUs busy, that CPU is taken from the guests, and the stream's
 own threads wait for it. The counters come from where the source QEMU runs: this
 host's ``/proc/stat`` (a QEMU livemig reaches by its pid), or the source libvirt
-daemon's ``virNodeGetCPUStats`` (:func:`livemig.virt.sampling.host_hints`).
+daemon's ``virNodeGetCPUStats`` (:func:`livemig.virt.sampling.node_counters`).
 
 A :class:`IdleMeter` takes its first reading when it is made and its second when
 asked, at least :data:`WINDOW_S` later: a caller makes it as soon as it has reached

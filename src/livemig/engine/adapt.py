@@ -287,7 +287,10 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
                 bool(hints.dst_switch) and SWITCH_CAP not in plan.explicit
                 and await _has_switch(src)),
         tls=hints.tls if hints.tls is not None else plan.tls is not None,
-        idle_cpus=None if hints.idle is None else await hints.idle.idle_cpus())
+        # read only for a choice (its wait is the user's): a set encoding takes no level
+        idle_cpus=(await hints.idle.idle_cpus()
+                   if hints.idle is not None and plan.livemig_setting("encoding") == "auto"
+                   else None))
 
 
 async def _has_switch(src: QmpEnd) -> bool:

@@ -29,6 +29,7 @@ from typing import Any
 from livemig.errors import LivemigError, UsageError
 from livemig.evacuate import schedule
 from livemig.evacuate.schedule import SHARED_LINK, VmFacts
+from livemig.idlecpu import idle_cpus
 from livemig.policy.encoding import MIN_SAMPLES, Sample
 from livemig.sampling import given
 from livemig.sampling.base import SampleResult
@@ -97,13 +98,19 @@ def running_domains(conn: Any) -> dict[str, Any]:
 
 def spare_cpus(conn: Any, seconds: float) -> float | None:
     """The source host's idle CPUs over ``seconds`` (``virNodeGetCPUStats``, as the
-    encoding model reads them: :func:`livemig.virt.sampling.node_meter`); a daemon that
+    encoding model reads them: :func:`livemig.virt.sampling.node_counters`); a daemon that
     will not say: its CPUs (``virNodeGetInfo``) less what its running domains used
     (their ``cpu.time``, every QEMU thread). Taken before the samples, whose threads
     would count; None when libvirt cannot say either."""
-    from livemig.virt.sampling import node_meter
+    from livemig.virt.sampling import node_counters
 
-    idle = asyncio.run(node_meter(conn, seconds).idle_cpus())
+    read = node_counters(conn)
+    first = read()
+    if first is None:
+        return _domains_spare(conn, seconds)
+    time.sleep(seconds)
+    second = read()
+    idle = None if second is None else idle_cpus(first, second)
     return idle if idle is not None else _domains_spare(conn, seconds)
 
 

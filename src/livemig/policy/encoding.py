@@ -422,9 +422,14 @@ def one_level(est: dict[str, Estimate], idle_cpus: float | None = None) -> dict[
     return out
 
 
+def mean_cpu(e: Estimate) -> float:
+    """CPUs ``e`` keeps busy on average over its modelled run."""
+    return e.cpu_seconds / max(e.seconds, 1e-9)
+
+
 def idle_covers(e: Estimate, idle_cpus: float | None) -> bool:
     """The host's idle CPUs (None: not measured) cover ``e``'s mean CPU."""
-    return idle_cpus is not None and idle_cpus >= e.cpu_seconds / max(e.seconds, 1e-9)
+    return idle_cpus is not None and idle_cpus >= mean_cpu(e)
 
 
 def pick(est: dict[str, Estimate]) -> str:
@@ -647,7 +652,7 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     if short:
         seen = ("no idle CPUs measured" if ctx.idle_cpus is None
                 else f"{ctx.idle_cpus:g} CPUs idle")
-        need = max(est[n].cpu_seconds / max(est[n].seconds, 1e-9) for n in short)
+        need = max(mean_cpu(est[n]) for n in short)
         reason += (f"; no level above the default: {seen} on the source host, under the "
                    f"{need:.2f} {'/'.join(short)} would use")
     if DELTA_KEY in ENCODINGS[name]:  # re-sent pages as deltas: the cache for them

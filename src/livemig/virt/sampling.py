@@ -21,7 +21,7 @@ from typing import Any
 from livemig.engine.adapt import Adapted, Hints, adapt
 from livemig.engine.events import EventStream
 from livemig.engine.plan import Plan
-from livemig.idlecpu import WINDOW_S, Counters, IdleMeter
+from livemig.idlecpu import Counters, IdleMeter, Reader
 from livemig.sampling import given
 from livemig.virt import qmp
 from livemig.virt.conn import LibvirtError, libvirt_module, message
@@ -72,32 +72,39 @@ def peek_reader(dom: Any) -> Any:
     return read
 
 
-def node_meter(conn: Any, window: float = WINDOW_S) -> IdleMeter:
-    """The host's idle CPUs (``virNodeGetCPUStats`` of all CPUs: idle and iowait
-    against kernel and user), its first reading now."""
+def node_counters(conn: Any) -> Reader:
+    """A reader of the host's CPU counters (``virNodeGetCPUStats`` of all CPUs: idle
+    and iowait against kernel and user; the CPU count asked once)."""
     libvirt = libvirt_module()
+    cpus: list[int] = []
 
     def read() -> Counters | None:
         try:
             s = conn.getCPUStats(libvirt.VIR_NODE_CPU_STATS_ALL_CPUS)
-            cpus = int(conn.getInfo()[2])
+            if not cpus:
+                cpus.append(int(conn.getInfo()[2]))
         except (libvirt.libvirtError, AttributeError):  # a daemon that will not say
             return None
         idle = float(s.get("idle", 0) + s.get("iowait", 0))
-        return idle, idle + float(s.get("kernel", 0) + s.get("user", 0)), cpus
-    return IdleMeter(read, window)
+        return idle, idle + float(s.get("kernel", 0) + s.get("user", 0)), cpus[0]
+    return read
+
+
+def node_meter(conn: Any) -> IdleMeter:
+    """The host's idle CPUs (:func:`node_counters`), its first reading now."""
+    return IdleMeter(node_counters(conn))
 
 
 def host_hints(conn: Any, dom: Any, tls: bool = False,
                idle: IdleMeter | None = None) -> Hints:
     """The source host's CPUs beside the domain's vCPUs, its idle CPUs (``idle``, a
-    meter started earlier; else one started now) and its free memory; ``tls``: the
-    stream goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte."""
+    meter started earlier; None: not read) and its free memory; ``tls``: the stream
+    goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte."""
     cpus = int(conn.getInfo()[2])
     vcpus = int(dom.info()[3])
     return Hints(cpus=max(0.5, min(2.0, float(cpus - vcpus))),
                  host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls,
-                 idle=idle if idle is not None else node_meter(conn))
+                 idle=idle)
 
 
 def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
@@ -118,8 +125,8 @@ def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
 def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream,
                  tls: bool = False, idle: IdleMeter | None = None) -> Adapted:
     """The second plan for ``dom`` (sync: libvirt runs are); ``idle``: the source
-    host's idle-CPU meter, started when the run connected."""
-    hints = host_hints(conn, dom, tls, idle)
+    host's idle-CPU meter, started when the run connected (else now)."""
+    hints = host_hints(conn, dom, tls, idle if idle is not None else node_meter(conn))
     auto = (plan.livemig_setting("encoding") == "auto"
             and plan.livemig_setting("sampler") == "auto")
     reuse = given_sample(str(dom.name()), events) if auto else None  # else unused
