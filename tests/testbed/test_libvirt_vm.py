@@ -785,8 +785,8 @@ def test_livemig_profile_on_a_stock_emulator_samples_through_memory_peek(
         assert enc["context"]["auto_converge"] is True
         assert enc["sampler"]["mid_rewritten"] is not None
         # measured, not necessarily above 0: QEMU hashes 512 random pages per GiB for
-        # 100 ms, and a hot set of a few percent of the RAM can miss all of them (CI
-        # saw 0 MiB/s once in ~30 runs); a refused or missing window has no key
+        # 100 ms, and a hot set of a few percent of the RAM can miss all of them (a
+        # CI run read 0 MiB/s); a refused or missing window has no key
         assert enc["sampler"]["short_rate_mib_s"] >= 0, enc["sampler"]
         adapted = {e["setting"]: e["to"] for e in rep["events"] if e["event"] == "adapted"}
         assert adapted.get("throttle") == "auto-converge"
