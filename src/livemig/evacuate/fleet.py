@@ -29,7 +29,7 @@ from typing import Any
 from livemig.errors import LivemigError, UsageError
 from livemig.evacuate import schedule
 from livemig.evacuate.schedule import SHARED_LINK, VmFacts
-from livemig.idlecpu import idle_cpus
+from livemig.idlecpu import IdleMeter
 from livemig.policy.encoding import MIN_SAMPLES, Sample
 from livemig.sampling import given
 from livemig.sampling.base import SampleResult
@@ -104,13 +104,8 @@ def spare_cpus(conn: Any, seconds: float) -> float | None:
     would count; None when libvirt cannot say either."""
     from livemig.virt.sampling import node_counters
 
-    read = node_counters(conn)
-    first = read()
-    if first is None:
-        return _domains_spare(conn, seconds)
-    time.sleep(seconds)
-    second = read()
-    idle = None if second is None else idle_cpus(first, second)
+    # a meter without a first reading answers None at once, without the wait
+    idle = asyncio.run(IdleMeter(node_counters(conn), seconds).idle_cpus())
     return idle if idle is not None else _domains_spare(conn, seconds)
 
 
