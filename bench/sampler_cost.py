@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from livemig.engine.endpoint import Endpoint  # noqa: E402
 from livemig.sampling.peek import PeekSampler  # noqa: E402
 from livemig.sampling.qemu import QemuSampler  # noqa: E402
-from livemig.sampling.readers import PmemsaveReader, hmp_over  # noqa: E402
+from livemig.sampling.readers import PmemsaveReader, ProcMemReader, hmp_over  # noqa: E402
 from qemuhelp import start_qemu, stop  # noqa: E402
 
 WORKLOAD = "mem:size=256M,rate=0,hot=80/10,touch=128"
@@ -87,13 +87,17 @@ async def measure(d: Path, pid: int, kinds: list[str], repeats: int, gap: float,
         out[k] = {"wall_s": [], "in_sample": [], "between": []}
     for _ in range(repeats):
         for k in kinds:
-            reader = PmemsaveReader(end.cmd, pid, d) if k == "pmemsave" else None
-            sampler = (QemuSampler(end.cmd) if k == "qemu"
-                       else PeekSampler("pmemsave", hmp, reader))  # type: ignore[arg-type]
+            reader = PmemsaveReader(end.cmd, pid, d) if k != "qemu" else None
+            mem = ProcMemReader(hmp, pid, reader) if reader and k == "procmem" else None
+            sampler = (QemuSampler(end.cmd) if reader is None
+                       else PeekSampler(k, hmp, mem or reader, qmp=end.cmd,
+                                        prepare=mem.prepare if mem else None))
             await asyncio.sleep(gap)
             t0 = time.monotonic()
             res = await sampler.sample()
             t1 = time.monotonic()
+            if mem is not None:
+                mem.close()
             if reader is not None:
                 reader.close()
             out[k]["wall_s"].append(round(res.wall_s, 3))
@@ -108,7 +112,8 @@ def main() -> int:
     ap.add_argument("--memory", default="4G")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--gap", type=float, default=4.0)
-    ap.add_argument("--samplers", default="qemu,pmemsave")
+    ap.add_argument("--samplers", default="qemu,procmem,pmemsave",
+                    help="comma-separated: qemu (the patched build only), procmem, pmemsave")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     d = Path(tempfile.mkdtemp(prefix="lm-samplecost-"))

@@ -153,13 +153,14 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                                 "the migration link's rate for the encoding model, e.g. "
                                 "1gbit or 10gbit: auto (the testbed's link in lab runs; "
                                 "unknown otherwise, so --bandwidth or 10gbit is assumed)"),
-    "sampler": LivemigSetting("auto", _choice("auto", "qemu", "pmemsave", "xp", "peek",
-                                                     "file"),
+    "sampler": LivemigSetting("auto", _choice("auto", "qemu", "procmem", "pmemsave", "xp",
+                                                     "peek", "file"),
                               "how encoding=auto samples the guest's pages: auto (the "
                               "patched QEMU's x-calc-ram-sample, else libvirt's memory "
-                              "peek for a domain, pmemsave for a QEMU on this host, HMP xp "
-                              "elsewhere), qemu, peek, pmemsave, xp, or file (the lab's "
-                              "shared RAM file)"),
+                              "peek for a domain, /proc/PID/mem for a QEMU on this host "
+                              "livemig may trace, pmemsave for another one on this host, "
+                              "HMP xp elsewhere), qemu, peek, procmem, pmemsave, xp, or "
+                              "file (the lab's shared RAM file)"),
     "pin": LivemigSetting("off", _choice("off", "auto", "on"),
                           "pin the source's migration threads away from its vCPUs "
                           "(auto: only with a spare host CPU)"),

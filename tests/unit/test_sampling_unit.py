@@ -25,7 +25,7 @@ from livemig.sampling.dirtyrate import ShortRate
 from livemig.sampling.layout import RamRange, parse_mtree
 from livemig.sampling.peek import MAX_LOOK, PeekSampler, clusters
 from livemig.sampling.qemu import QemuSampler, parse
-from livemig.sampling.readers import XpReader
+from livemig.sampling.readers import ProcMemReader, XpReader, parse_gpa2hva
 from livemig.settings import SWITCH_CAP, merge
 
 PAGE = 4096
@@ -285,6 +285,54 @@ def test_xp_output_is_read_back_as_bytes():
 
     data = asyncio.run(XpReader(hmp)(0x1000, 24))
     assert data == b"".join(w.to_bytes(8, "little") for w in words)
+
+
+def test_gpa2hva_answers_and_errors_are_told_apart():
+    assert parse_gpa2hva("Host virtual address for 0x100000 (pc.ram) is 0x7f12a0100000\r\n"
+                         ) == 0x7F12A0100000
+    assert parse_gpa2hva("Memory at address 0xfee00000 is not RAM\r\n") is None
+    assert parse_gpa2hva("No memory is mapped at address 0x500000000\r\n") is None
+
+
+def test_procmem_reads_the_process_mapping_and_sends_the_rest_elsewhere():
+    """This process stands in for QEMU: a buffer is its 'guest RAM' at gpa 1 MiB; the
+    reader maps it through gpa2hva and reads /proc/self/mem. A range QEMU maps in two
+    pieces, and a read outside every range, go to the fallback reader."""
+    import ctypes
+    import os
+    ram = ctypes.create_string_buffer(bytes(random.Random(3).randbytes(1 << 20)))
+    base = ctypes.addressof(ram)
+    other = 0x100000000  # a second range whose last byte is not where its first says
+
+    async def hmp(line: str) -> str:
+        gpa = int(line.split()[1], 16)
+        if 0x100000 <= gpa < 0x200000:
+            return f"Host virtual address for {gpa:#x} (pc.ram) is {base + gpa - 0x100000:#x}"
+        return f"Host virtual address for {gpa:#x} (x) is {0x10000000 + (gpa & 0xfff):#x}"
+
+    fell: list[int] = []
+
+    async def fallback(gpa: int, size: int) -> bytes:
+        fell.append(gpa)
+        return bytes(size)
+
+    async def go() -> tuple[bytes, bytes, bytes, bytes]:
+        r = ProcMemReader(hmp, os.getpid(), fallback)
+        await r.prepare([RamRange(0x100000, 1 << 20, "pc.ram"),
+                         RamRange(other, 1 << 20, "x")])
+        try:
+            before = await r(0x100000 + 8 * PAGE, 16 * PAGE)
+            ram[8 * PAGE] = ram.raw[8 * PAGE] ^ 0xFF  # the guest writes a byte
+            return (before, await r(0x100000 + 8 * PAGE, 16 * PAGE),
+                    await r(other, PAGE), await r(0x300000, PAGE))
+        finally:
+            assert r.fallbacks == 2
+            r.close()
+
+    before, after, split, outside = asyncio.run(go())
+    want = ram.raw[8 * PAGE:24 * PAGE]  # as the 'guest' left it
+    assert after == want and before[1:] == want[1:] and before[0] != want[0]
+    assert fell == [other, 0x300000] and split == outside == bytes(PAGE)
 
 
 def _schema(values: list[str]) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """The page samplers on real QEMUs (TCG guests started here from plain command lines,
 not by the lab): every sampler sees what the guest does, the lab's RAM-file reader and
 the QEMU samplers decide the same encoding, and an attach run on the unpatched build
-gets the livemig profile's encoding from pmemsave and stock's throttle."""
+gets the livemig profile's encoding from /proc/PID/mem and stock's throttle."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from livemig.policy import encoding
 from livemig.sampling.base import SampleResult
 from livemig.sampling.peek import PeekSampler
 from livemig.sampling.qemu import QemuSampler
-from livemig.sampling.readers import PmemsaveReader, hmp_over
+from livemig.sampling.readers import PmemsaveReader, ProcMemReader, hmp_over
 from livemig.settings import merge
-from qemuhelp import free_port, start_qemu, stop
+from qemuhelp import free_port, guest_progress, start_qemu, stop
 
 pytestmark = pytest.mark.vm
 UPSTREAM = ROOT / "build" / "qemu-upstream" / "qemu-system-x86_64"
@@ -36,8 +36,8 @@ PAGES = "mem:size=96M,rate=24M,hot=80/10,touch=4096,fill=mixed"
 
 
 def _samples(tmp: Path, workload: str) -> tuple[list[SampleResult], encoding.Context]:
-    """The file, pmemsave and (patched) QEMU samplers on one guest whose RAM is a
-    shared file, taken one after the other."""
+    """The file, procmem, pmemsave and (patched) QEMU samplers on one guest whose RAM
+    is a shared file, taken one after the other."""
     mem = Path("/dev/shm") / f"livemig-test-{tmp.name}.ram"
     proc = start_qemu(tmp, "g", workload, memory="512M", mem_file=mem)
     try:
@@ -50,9 +50,14 @@ def _samples(tmp: Path, workload: str) -> tuple[list[SampleResult], encoding.Con
             hmp = hmp_over(end.cmd)
 
             reader = PmemsaveReader(end.cmd, proc.pid, tmp)
+            procmem = ProcMemReader(hmp, proc.pid, reader)
             out = [await FileSampler(mem).sample(1024),
+                   await PeekSampler("procmem", hmp, procmem,
+                                     prepare=procmem.prepare).sample(1024),
                    await PeekSampler("pmemsave", hmp, reader).sample(1024),
                    await QemuSampler(end.cmd).sample(1024)]
+            assert procmem.fallbacks == 0  # every cluster came from QEMU's mapping
+            procmem.close()
             reader.close()
             plan = Plan(uri="", settings=tuple(merge("livemig", {}).items())).validate()
             ctx = await context(end, plan, Hints(link_rate=50e6, cpus=1.0))
@@ -69,7 +74,7 @@ def _samples(tmp: Path, workload: str) -> tuple[list[SampleResult], encoding.Con
 def test_every_sampler_sees_the_guest_and_they_decide_the_same(tmp_path, workload, expect):
     results, ctx = _samples(tmp_path, workload)
     names = [r.sampler for r in results]
-    assert names == ["file", "pmemsave", "qemu"]
+    assert names == ["file", "procmem", "pmemsave", "qemu"]
     choices = {r.sampler: encoding.choose_sample(r.sample, ctx).encoding for r in results}
     for r in results:
         s = r.sample
@@ -88,11 +93,13 @@ def test_every_sampler_sees_the_guest_and_they_decide_the_same(tmp_path, workloa
         assert choices["qemu"] == expect, choices
 
 
-def test_attach_on_the_unpatched_build_samples_with_pmemsave_and_throttles_as_stock(tmp_path):
+def test_attach_on_the_unpatched_build_samples_its_mapping_and_throttles_as_stock(tmp_path):
     src = start_qemu(tmp_path, "src", SMALL, qemu=UPSTREAM)
     dst = start_qemu(tmp_path, "dst", SMALL, incoming=True, paused=True, qemu=UPSTREAM)
     try:
-        time.sleep(6)
+        # writing flat out before the sample (a guest still booting rewrites nothing,
+        # and its sample is rightly decided at the half-way look)
+        assert guest_progress(tmp_path / "src.agent") > 0
         report = tmp_path / "r.json"
         proc = subprocess.run(livemig_cmd(
             "migrate", "--src-qmp", str(tmp_path / "src.qmp"), "--dst-qmp",
@@ -102,12 +109,14 @@ def test_attach_on_the_unpatched_build_samples_with_pmemsave_and_throttles_as_st
         assert proc.returncode == 0, proc.stderr[-2000:]
         rep: dict[str, Any] = json.loads(report.read_text())
         enc = rep["encoding"]
-        assert enc["sampler"]["name"] == "pmemsave" and enc["encoding"] in ("xbzrle", "zstd")
+        # read from QEMU's mapping of the guest's RAM, not one cluster through pmemsave
+        assert enc["sampler"]["name"] == "procmem" and enc["encoding"] in ("xbzrle", "zstd")
+        assert enc["sampler"]["pmemsave_reads"] == 0, enc["sampler"]
         assert "lz4" not in enc["context"]["codecs"]  # stock multifd has no lz4
         # the encodings were played under QEMU's auto-converge ladder, with the curve
         # from the sampler's half-way look
         assert enc["context"]["auto_converge"] is True
-        assert 0 < enc["sampler"]["mid_interval_s"] < enc["sampler"]["interval_s"]
+        assert 0 < enc["sampler"]["mid_interval_s"] < enc["sampler"]["interval_s"], enc
         # and QEMU's own estimate over 100 ms of a flat-out writer (calc-dirty-rate)
         assert enc["sampler"]["short_rate_mib_s"] > 0, enc["sampler"]
         assert "under QEMU's auto-converge" in enc["reason"], enc["reason"]
@@ -121,26 +130,40 @@ def test_attach_on_the_unpatched_build_samples_with_pmemsave_and_throttles_as_st
         stop(dst)
 
 
-def test_a_stock_qemu_without_a_local_process_is_sampled_through_hmp_xp(tmp_path):
-    """xp reads the same bytes as pmemsave (a QEMU on another host has only its monitor)."""
-    proc = start_qemu(tmp_path, "g", SMALL, qemu=UPSTREAM, paused=True)
+def test_the_three_readers_of_a_stock_qemu_read_the_same_bytes(tmp_path):
+    """xp (a QEMU on another host has only its monitor) and QEMU's own mapping through
+    /proc/PID/mem read the same bytes as pmemsave."""
+    proc = start_qemu(tmp_path, "g", SMALL, qemu=UPSTREAM)
     try:
-        async def go() -> tuple[bytes, bytes]:
+        time.sleep(6)  # the kernel in RAM, the workload writing
+
+        async def go() -> list[bytes]:
             end = Endpoint("g", tmp_path / "g.qmp", pid=proc.pid)
             await end.connect(10)
+            await end.cmd("stop")  # nothing changes between the reads
 
             hmp = hmp_over(end.cmd)
 
+            from livemig.sampling.layout import parse_mtree
             from livemig.sampling.readers import XpReader
             reader = PmemsaveReader(end.cmd, proc.pid, tmp_path)
-            a = await reader(0xF0000, 65536)  # the BIOS: non-zero, not changing (paused)
-            b = await XpReader(hmp)(0xF0000, 65536)
+            procmem = ProcMemReader(hmp, proc.pid, reader)
+            await procmem.prepare(parse_mtree(await hmp("info mtree -f")))
+            out = []
+            # the BIOS (outside the RAM ranges: procmem hands it to pmemsave) and the
+            # kernel's first 64 KiB at 16 MiB, in RAM: non-zero
+            for gpa in (0xF0000, 0x1000000):
+                out += [await reader(gpa, 65536), await XpReader(hmp)(gpa, 65536),
+                        await procmem(gpa, 65536)]
+            assert procmem.fallbacks == 1
+            procmem.close()
             reader.close()
             await end.close()
-            return a, b
+            return out
 
-        a, b = asyncio.run(go())
-        assert a == b and a.count(0) < len(a)
+        got = asyncio.run(go())
+        assert got[0] == got[1] == got[2] and got[0].count(0) < len(got[0])
+        assert got[3] == got[4] == got[5] and got[3].count(0) < len(got[3])
     finally:
         stop(proc)
 

@@ -43,7 +43,13 @@ from livemig.sampling.base import Sampler
 from livemig.sampling.peek import PeekSampler, Read
 from livemig.sampling.qemu import START as QEMU_SAMPLE
 from livemig.sampling.qemu import QemuSampler
-from livemig.sampling.readers import PmemsaveReader, XpReader, hmp_over, qemu_is_local
+from livemig.sampling.readers import (
+    PmemsaveReader,
+    ProcMemReader,
+    XpReader,
+    hmp_over,
+    qemu_is_local,
+)
 from livemig.settings import SWITCH_CAP
 from livemig.units import parse_link_rate
 
@@ -234,8 +240,9 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
 def sampler_for(src: QmpEnd, mode: str, commands: set[str],
                 hints: Hints) -> tuple[Sampler, Any]:
     """The sampler for ``mode`` (``auto``: a sample the caller was given, else the
-    patched QEMU's own, else ``pmemsave`` for a QEMU on this host, else HMP ``xp``) and
-    a function that cleans up after it."""
+    patched QEMU's own, else ``/proc/PID/mem`` for a QEMU on this host livemig may
+    trace, else ``pmemsave`` for one on this host, else HMP ``xp``) and a function that
+    cleans up after it."""
     if mode == "file":
         if hints.file_sampler is None:
             raise UsageError("--set sampler=file needs a guest RAM file (lab runs only)")
@@ -250,11 +257,26 @@ def sampler_for(src: QmpEnd, mode: str, commands: set[str],
     hmp = hmp_over(src.cmd)
     if mode in ("auto", "peek") and hints.peek is not None:
         return PeekSampler("libvirt-peek", hmp, hints.peek, qmp=src.cmd), lambda: None
-    if mode in ("auto", "pmemsave") and qemu_is_local(src.pid):
+    if mode in ("auto", "procmem", "pmemsave") and qemu_is_local(src.pid):
+        assert src.pid is not None
         reader = PmemsaveReader(src.cmd, src.pid, hints.scratch)
+        if mode in ("auto", "procmem"):
+            try:
+                mem = ProcMemReader(hmp, src.pid, reader)
+            except OSError as e:
+                if mode == "procmem":
+                    reader.close()
+                    raise UsageError(f"--set sampler=procmem: cannot read "
+                                     f"/proc/{src.pid}/mem ({e.strerror})") from e
+            else:
+                def close() -> None:
+                    mem.close()
+                    reader.close()
+                return PeekSampler("procmem", hmp, mem, qmp=src.cmd, prepare=mem.prepare,
+                                   notes=lambda: {"pmemsave_reads": mem.fallbacks}), close
         return PeekSampler("pmemsave", hmp, reader, qmp=src.cmd), reader.close
-    if mode == "pmemsave":
-        raise UsageError("--set sampler=pmemsave: the source QEMU does not run on this host")
+    if mode in ("procmem", "pmemsave"):
+        raise UsageError(f"--set sampler={mode}: the source QEMU does not run on this host")
     return PeekSampler("xp", hmp, XpReader(hmp), qmp=src.cmd), lambda: None
 
 

@@ -4,8 +4,9 @@ first look's codecs are measured meanwhile. A caller's ``settled`` check may end
 sample at the half-way look (the engine's: the guest rewrites too little for the last
 look to change the choice, :func:`livemig.policy.encoding.rewrites_negligible`).
 
-The reader is whatever can read guest-physical memory from outside: QMP ``pmemsave``
-into a private file (a QEMU on this host), HMP ``xp`` (anywhere, slowly) or libvirt's
+The reader is whatever can read guest-physical memory from outside: the QEMU
+process's own mapping through ``/proc/PID/mem`` or QMP ``pmemsave`` into a private
+file (a QEMU on this host), HMP ``xp`` (anywhere, slowly) or libvirt's
 ``virDomainMemoryPeek``. Pages are read in clusters of :data:`CLUSTER` pages so that a
 sample costs a few hundred monitor calls, not thousands; the clusters start at random
 pages of the RAM ranges QEMU reports (:mod:`livemig.sampling.layout`). The interval of
@@ -62,6 +63,8 @@ Read = Callable[[int, int], Awaitable[bytes]]  # (gpa, size) -> bytes
 Settled = Callable[[encoding.Sample], Awaitable[bool]]
 Hmp = Callable[[str], Awaitable[str]]
 Command = Callable[..., Awaitable[Any]]
+# told the RAM ranges before the first read (the /proc/PID/mem reader maps them)
+Prepare = Callable[[list[RamRange]], Awaitable[None]]
 
 
 def clusters(ranges: list[RamRange], count: int, cluster: int,
@@ -95,8 +98,11 @@ class PeekSampler:
     def __init__(self, name: str, hmp: Hmp, read: Read, *, cluster: int = CLUSTER,
                  codecs: frozenset[str] = frozenset({"zstd", "lz4"}), seed: int = 1,
                  max_pages: int = PEEK_PAGES, qmp: Command | None = None,
-                 settled: Settled | None = None) -> None:
+                 settled: Settled | None = None, prepare: Prepare | None = None,
+                 notes: Callable[[], dict[str, Any]] | None = None) -> None:
         self.name = name
+        self.prepare = prepare
+        self.notes = notes  # the reader's own lines for the report's sampler detail
         # asked after the half-way look: True ends the sample there (the caller's model
         # says the last look cannot change its choice: the guest hardly rewrites)
         self.settled = settled
@@ -140,6 +146,8 @@ class PeekSampler:
         t0 = time.monotonic()
         pages = min(pages, self.max_pages)
         ranges = parse_mtree(await self.hmp("info mtree -f"))
+        if self.prepare is not None:
+            await self.prepare(ranges)
         rng = random.Random(self.seed)
         span = self.cluster * PAGE
         batch = max(1, 2 * pages // self.cluster)
@@ -216,6 +224,7 @@ class PeekSampler:
                              "first_look_calls": first_calls,
                              **({"settled_at_half_way": True} if settled else {}),
                              **({"short_rate": short.note} if short else {}),
+                             **(self.notes() if self.notes is not None else {}),
                              "ram_ranges": [[hex(r.gpa), r.size, r.name] for r in ranges]})
 
 

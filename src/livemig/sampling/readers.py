@@ -1,5 +1,11 @@
 """Ways to read guest-physical memory from outside a QEMU, for the peek sampler.
 
+- :class:`ProcMemReader`: the QEMU process's own mapping of guest RAM, read through
+  ``/proc/PID/mem`` at the host address HMP ``gpa2hva`` gives for each RAM range: two
+  monitor calls per range and none per read, so QEMU's main loop (and the BQL) does
+  nothing while the clusters are read. The QEMU must run on this host and livemig may
+  trace it (root, or its user where Yama allows); a read it cannot make goes to
+  ``pmemsave``.
 - :class:`PmemsaveReader`: QMP ``pmemsave`` into a private directory this process
   made (0700, handed to QEMU's user if QEMU runs as another one); the QEMU must run on
   this host. One monitor call and one small file per cluster.
@@ -20,9 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from livemig.errors import VMError
+from livemig.sampling.layout import RamRange
 
 Command = Callable[..., Awaitable[Any]]
+Read = Callable[[int, int], Awaitable[bytes]]  # (gpa, size) -> bytes
 _WORD = re.compile(r"0x([0-9a-f]{1,16})")
+_HVA = re.compile(r"^Host virtual address for 0x[0-9a-f]+ \(.*\) is (0x[0-9a-f]+)\s*$")
 
 
 def hmp_over(cmd: Command) -> Callable[[str], Awaitable[str]]:
@@ -34,6 +43,60 @@ def hmp_over(cmd: Command) -> Callable[[str], Awaitable[str]]:
 
 def qemu_is_local(pid: int | None) -> bool:
     return pid is not None and Path(f"/proc/{pid}").exists()
+
+
+def parse_gpa2hva(text: str) -> int | None:
+    """The host address in HMP ``gpa2hva``'s answer; None for its errors (no memory
+    there, not RAM)."""
+    m = _HVA.match(text.strip())
+    return int(m.group(1), 16) if m else None
+
+
+class ProcMemReader:
+    """Reads guest RAM where the QEMU process maps it, through ``/proc/PID/mem``.
+
+    :meth:`prepare` asks HMP ``gpa2hva`` for the host address of each RAM range's
+    first and last byte and keeps the ranges QEMU maps contiguously (a flat range is
+    part of one RAM block, so all of them, but it is checked rather than assumed).
+    A read inside a kept range is one ``pread``; any other read, or one the kernel
+    refuses, goes to ``fallback`` (counted in :attr:`fallbacks`). Reading another
+    process's memory neither stops nor changes it."""
+
+    def __init__(self, hmp: Callable[[str], Awaitable[str]], pid: int,
+                 fallback: Read) -> None:
+        # ptrace access is checked here: a PermissionError tells the caller to use
+        # another reader
+        self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        self.hmp = hmp
+        self.fallback = fallback
+        self.spans: list[tuple[int, int, int]] = []  # (gpa, size, hva)
+        self.fallbacks = 0
+
+    async def prepare(self, ranges: list[RamRange]) -> None:
+        spans = []
+        for r in ranges:
+            first = parse_gpa2hva(await self.hmp(f"gpa2hva {r.gpa:#x}"))
+            last = parse_gpa2hva(await self.hmp(f"gpa2hva {r.gpa + r.size - 1:#x}"))
+            if first is not None and last == first + r.size - 1:
+                spans.append((r.gpa, r.size, first))
+        self.spans = spans
+
+    async def __call__(self, gpa: int, size: int) -> bytes:
+        for start, length, hva in self.spans:
+            if start <= gpa and gpa + size <= start + length:
+                try:
+                    data = os.pread(self.fd, size, hva + gpa - start)
+                except OSError:
+                    break
+                if len(data) == size:
+                    return data
+                break
+        self.fallbacks += 1
+        return await self.fallback(gpa, size)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 class PmemsaveReader:
