@@ -156,11 +156,12 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
     "sampler": LivemigSetting("auto", _choice("auto", "qemu", "procmem", "pmemsave", "xp",
                                                      "peek", "file"),
                               "how encoding=auto samples the guest's pages: auto (the "
-                              "patched QEMU's x-calc-ram-sample, else libvirt's memory "
-                              "peek for a domain, /proc/PID/mem for a QEMU on this host "
-                              "livemig may trace, pmemsave for another one on this host, "
-                              "HMP xp elsewhere), qemu, peek, procmem, pmemsave, xp, or "
-                              "file (the lab's shared RAM file)"),
+                              "patched QEMU's x-calc-ram-sample, else /proc/PID/mem for "
+                              "a QEMU on this host livemig may trace (a domain's too), "
+                              "libvirt's memory peek for a domain elsewhere, pmemsave "
+                              "for a QEMU on this host livemig may not trace, HMP xp "
+                              "elsewhere), qemu, procmem, peek, pmemsave, xp, or file "
+                              "(the lab's shared RAM file)"),
     "pin": LivemigSetting("off", _choice("off", "auto", "on"),
                           "pin the source's migration threads away from its vCPUs "
                           "(auto: only with a spare host CPU)"),

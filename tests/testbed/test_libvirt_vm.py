@@ -761,11 +761,15 @@ def test_killed_livemig_leaves_the_guest_running_and_unthrottled(
         _cleanup(name)
 
 
-def test_livemig_profile_on_a_stock_emulator_samples_through_memory_peek(
-        daemons: dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("sampler,expect", [("auto", "procmem"), ("peek", "libvirt-peek")])
+def test_livemig_profile_on_a_stock_emulator_samples_the_domains_pages(
+        daemons: dict[str, str], tmp_path: Path, sampler: str, expect: str) -> None:
     """A domain on the unpatched build gets the livemig profile's encoding from a
-    sample read with libvirt's memoryPeek (no file on the domain's host is read), and
-    QEMU's auto-converge instead of the patched throttle, as the stock profiles."""
+    sample, and QEMU's auto-converge instead of the patched throttle, as the stock
+    profiles. Its QEMU runs on this kernel, so ``auto`` reads the pages from QEMU's
+    own mapping (found through the vCPU threads and the domain's UUID); ``peek`` reads
+    them with libvirt's memoryPeek, as for a daemon on another host (no file on the
+    domain's host is read)."""
     upstream = ROOT / "build" / "qemu-upstream" / "qemu-system-x86_64"
     if not upstream.exists():
         pytest.fail("the unpatched build is missing: make qemu-upstream")
@@ -775,10 +779,12 @@ def test_livemig_profile_on_a_stock_emulator_samples_through_memory_peek(
     try:
         _wait_busy(name)
         proc, rep = _migrate(tmp_path, name, "--unsafe", "--profile", "livemig",
-                             "--bandwidth", "32M", "--max-time", "150")
+                             "--bandwidth", "32M", "--max-time", "150",
+                             "--set", f"sampler={sampler}")
         assert proc.returncode == 0, rep.get("reason")
         enc = rep["encoding"]
-        assert enc["sampler"]["name"] == "libvirt-peek", enc
+        assert enc["sampler"]["name"] == expect, enc
+        assert enc["sampler"].get("fallback_reads", 0) == 0, enc["sampler"]
         assert enc["sampler"]["rewritten"] > 0 and enc["encoding"] in ("xbzrle", "zstd")
         # weighed under the domain's auto-converge, from the three looks and QEMU's own
         # 100 ms estimate (calc-dirty-rate through libvirt's monitor passthrough)

@@ -111,7 +111,7 @@ def test_attach_on_the_unpatched_build_samples_its_mapping_and_throttles_as_stoc
         enc = rep["encoding"]
         # read from QEMU's mapping of the guest's RAM, not one cluster through pmemsave
         assert enc["sampler"]["name"] == "procmem" and enc["encoding"] in ("xbzrle", "zstd")
-        assert enc["sampler"]["pmemsave_reads"] == 0, enc["sampler"]
+        assert enc["sampler"]["fallback_reads"] == 0, enc["sampler"]
         assert "lz4" not in enc["context"]["codecs"]  # stock multifd has no lz4
         # the encodings were played under QEMU's auto-converge ladder, with the curve
         # from the sampler's half-way look

@@ -77,6 +77,9 @@ class Hints:
     file_sampler: Sampler | None = None  # the lab's RAM-file reader (sampler=file)
     scratch: Path | None = None  # where pmemsave may write (a private dir is made in it)
     peek: Read | None = None  # a reader of guest-physical memory (libvirt's memory peek)
+    # the source QEMU's process on this host when the end does not know it (a libvirt
+    # domain whose QEMU the caller found here): its RAM can be read through /proc
+    local_pid: int | None = None
     tls: bool | None = None  # the stream is encrypted (None: as the plan says)
     given: Sampler | None = None  # a sample taken before (livemig evacuate's): sampler=auto
     # the destination's QEMU can load a stream whose codec changes (SWITCH_CAP): the
@@ -241,8 +244,8 @@ def sampler_for(src: QmpEnd, mode: str, commands: set[str],
                 hints: Hints) -> tuple[Sampler, Any]:
     """The sampler for ``mode`` (``auto``: a sample the caller was given, else the
     patched QEMU's own, else ``/proc/PID/mem`` for a QEMU on this host livemig may
-    trace, else ``pmemsave`` for one on this host, else HMP ``xp``) and a function that
-    cleans up after it."""
+    trace, else libvirt's memory peek for a domain, else ``pmemsave`` for a QEMU on
+    this host, else HMP ``xp``) and a function that cleans up after it."""
     if mode == "file":
         if hints.file_sampler is None:
             raise UsageError("--set sampler=file needs a guest RAM file (lab runs only)")
@@ -255,28 +258,38 @@ def sampler_for(src: QmpEnd, mode: str, commands: set[str],
         raise UsageError(f"--set sampler=qemu: this QEMU has no {QEMU_SAMPLE} (the "
                          "patched build has it)")
     hmp = hmp_over(src.cmd)
+    local = src.pid if qemu_is_local(src.pid) else (
+        hints.local_pid if qemu_is_local(hints.local_pid) else None)
+    if mode in ("auto", "procmem") and local is not None:
+        # pmemsave for the reads outside the RAM ranges: a QEMU the end names (a
+        # domain's writes files as its own user, which libvirt's confinement may refuse)
+        fallback: PmemsaveReader | None = (PmemsaveReader(src.cmd, local, hints.scratch)
+                                           if src.pid is not None else None)
+        try:
+            mem = ProcMemReader(hmp, local, fallback or (hints.peek or XpReader(hmp)))
+        except OSError as e:
+            if fallback is not None:
+                fallback.close()
+            if mode == "procmem":
+                raise UsageError(f"--set sampler=procmem: cannot read /proc/{local}/mem "
+                                 f"({e.strerror})") from e
+        else:
+            def close() -> None:
+                mem.close()
+                if fallback is not None:
+                    fallback.close()
+            return PeekSampler("procmem", hmp, mem, qmp=src.cmd, prepare=mem.prepare,
+                               notes=lambda: {"fallback_reads": mem.fallbacks}), close
+    if mode == "procmem":
+        raise UsageError("--set sampler=procmem: the source QEMU does not run on this host")
     if mode in ("auto", "peek") and hints.peek is not None:
         return PeekSampler("libvirt-peek", hmp, hints.peek, qmp=src.cmd), lambda: None
-    if mode in ("auto", "procmem", "pmemsave") and qemu_is_local(src.pid):
+    if mode in ("auto", "pmemsave") and qemu_is_local(src.pid):
         assert src.pid is not None
         reader = PmemsaveReader(src.cmd, src.pid, hints.scratch)
-        if mode in ("auto", "procmem"):
-            try:
-                mem = ProcMemReader(hmp, src.pid, reader)
-            except OSError as e:
-                if mode == "procmem":
-                    reader.close()
-                    raise UsageError(f"--set sampler=procmem: cannot read "
-                                     f"/proc/{src.pid}/mem ({e.strerror})") from e
-            else:
-                def close() -> None:
-                    mem.close()
-                    reader.close()
-                return PeekSampler("procmem", hmp, mem, qmp=src.cmd, prepare=mem.prepare,
-                                   notes=lambda: {"pmemsave_reads": mem.fallbacks}), close
         return PeekSampler("pmemsave", hmp, reader, qmp=src.cmd), reader.close
-    if mode in ("procmem", "pmemsave"):
-        raise UsageError(f"--set sampler={mode}: the source QEMU does not run on this host")
+    if mode == "pmemsave":
+        raise UsageError("--set sampler=pmemsave: the source QEMU does not run on this host")
     return PeekSampler("xp", hmp, XpReader(hmp), qmp=src.cmd), lambda: None
 
 

@@ -2,9 +2,10 @@
 (:func:`livemig.engine.adapt.adapt`) through the domain.
 
 The domain's QEMU is reached through libvirt's monitor passthrough
-(:class:`DomainEnd`); pages through the patched QEMU's own sampler, or else libvirt's
-``virDomainMemoryPeek`` (``VIR_MEMORY_PHYSICAL``, 64 KiB per call), which libvirt
-serves on the QEMU's host: nothing is assumed about that host's files. The source
+(:class:`DomainEnd`); pages through the patched QEMU's own sampler, or else, when the
+QEMU runs on this host (:func:`local_pid`), its own mapping through ``/proc/PID/mem``,
+or else libvirt's ``virDomainMemoryPeek`` (``VIR_MEMORY_PHYSICAL``, 64 KiB per call),
+which libvirt serves on the QEMU's host: nothing is assumed about that host's files. The source
 host's CPUs and free memory come from libvirt too. A sample taken moments before by
 ``livemig evacuate`` (named in ``LIVEMIG_PAGE_SAMPLE``, :mod:`livemig.sampling.given`)
 is used instead of a new one when it is this domain's and fresh.
@@ -13,6 +14,7 @@ is used instead of a new one when it is this domain's and fresh.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -72,6 +74,34 @@ def peek_reader(dom: Any) -> Any:
     return read
 
 
+def local_pid(dom: Any) -> int | None:
+    """The domain's QEMU process, when it runs on this host (this kernel: a daemon in
+    another network or UTS namespace, as the testbed's, counts); else None.
+
+    The vCPU thread ids QEMU reports (``query-cpus-fast``) are looked up in this
+    host's ``/proc``, and the process found counts only if every vCPU thread is one
+    of its threads and its command line carries the domain's UUID (libvirt passes
+    ``-uuid``): a thread id from another host names no process that passes both but,
+    by a one-in-millions chance, this domain's own incoming QEMU here, whose pages a
+    sample would then read (a worse encoding, nothing changed in either guest)."""
+    libvirt = libvirt_module()
+    try:
+        uuid = dom.UUIDString().encode()
+        tids = [int(c["thread-id"]) for c in qmp.command(dom, "query-cpus-fast")]
+    except (LibvirtError, libvirt.libvirtError, KeyError, TypeError, ValueError):
+        return None  # a daemon or QEMU that will not say: libvirt's memory peek instead
+    if not tids:
+        return None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        status = Path(f"/proc/{tids[0]}/status").read_text()
+        pid = int(next(line.split()[1] for line in status.splitlines()
+                       if line.startswith("Tgid:")))
+        if uuid in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") and all(
+                Path(f"/proc/{pid}/task/{t}").exists() for t in tids):
+            return pid
+    return None
+
+
 def node_counters(conn: Any) -> Reader:
     """A reader of the host's CPU counters (``virNodeGetCPUStats`` of all CPUs: idle
     and iowait against kernel and user; the CPU count asked once)."""
@@ -104,7 +134,7 @@ def host_hints(conn: Any, dom: Any, tls: bool = False,
     vcpus = int(dom.info()[3])
     return Hints(cpus=max(0.5, min(2.0, float(cpus - vcpus))),
                  host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls,
-                 idle=idle)
+                 idle=idle, local_pid=local_pid(dom))
 
 
 def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
