@@ -2,8 +2,9 @@
 
 Per running domain: its memory (``virDomainGetInfo``), its dirty rate, and a page
 sample (the same samplers as the engine's encoding choice,
-:func:`livemig.engine.adapt.sampler_for`: the patched QEMU's own, else libvirt's
-memory peek) for how much of its RAM is non-zero and how well its pages and their
+:func:`livemig.engine.adapt.sampler_for`: the patched QEMU's own, else the QEMU's
+own mapping through ``/proc`` when it runs on this kernel, else libvirt's memory
+peek) for how much of its RAM is non-zero and how well its pages and their
 rewrites compress. The dirty rate is the sample's (its kept pages rewritten between
 its looks) unless QEMU's ``calc-dirty-rate`` (libvirt's
 ``virDomainStartDirtyRateCalc``, page-sampling mode, all domains at once over one
