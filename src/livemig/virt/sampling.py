@@ -6,9 +6,10 @@ The domain's QEMU is reached through libvirt's monitor passthrough
 QEMU runs on this host (:func:`local_pid`), its own mapping through ``/proc/PID/mem``,
 or else libvirt's ``virDomainMemoryPeek`` (``VIR_MEMORY_PHYSICAL``, 64 KiB per call),
 which libvirt serves on the QEMU's host: nothing is assumed about that host's files.
-The source host's CPUs and free memory come from libvirt too. A sample taken moments before by
-``livemig evacuate`` (named in ``LIVEMIG_PAGE_SAMPLE``, :mod:`livemig.sampling.given`)
-is used instead of a new one when it is this domain's and fresh.
+The source host's CPUs and free memory come from libvirt too. A sample taken moments
+before by ``livemig evacuate`` (named in ``LIVEMIG_PAGE_SAMPLE``,
+:mod:`livemig.sampling.given`) is used instead of a new one when it is this domain's
+and fresh.
 """
 
 from __future__ import annotations
