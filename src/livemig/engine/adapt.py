@@ -77,9 +77,9 @@ class Hints:
     file_sampler: Sampler | None = None  # the lab's RAM-file reader (sampler=file)
     scratch: Path | None = None  # where pmemsave may write (a private dir is made in it)
     peek: Read | None = None  # a reader of guest-physical memory (libvirt's memory peek)
-    # the source QEMU's process on this host when the end does not know it (a libvirt
-    # domain whose QEMU the caller found here): its RAM can be read through /proc
-    local_pid: int | None = None
+    # finds the source QEMU's process on this host when the end does not know it (a
+    # libvirt domain's): asked only when a sample would read its RAM through /proc
+    local_pid: Callable[[], int | None] | None = None
     tls: bool | None = None  # the stream is encrypted (None: as the plan says)
     given: Sampler | None = None  # a sample taken before (livemig evacuate's): sampler=auto
     # the destination's QEMU can load a stream whose codec changes (SWITCH_CAP): the
@@ -258,8 +258,9 @@ def sampler_for(src: QmpEnd, mode: str, commands: set[str],
         raise UsageError(f"--set sampler=qemu: this QEMU has no {QEMU_SAMPLE} (the "
                          "patched build has it)")
     hmp = hmp_over(src.cmd)
-    local = src.pid if qemu_is_local(src.pid) else (
-        hints.local_pid if qemu_is_local(hints.local_pid) else None)
+    local = src.pid if qemu_is_local(src.pid) else None
+    if local is None and mode in ("auto", "procmem") and hints.local_pid is not None:
+        local = hints.local_pid()
     if mode in ("auto", "procmem") and local is not None:
         # pmemsave for the reads outside the RAM ranges: a QEMU the end names (a
         # domain's writes files as its own user, which libvirt's confinement may refuse)

@@ -156,13 +156,19 @@ class XpReader:
         return None
 
 
-def _owner(pid: int | None) -> int | None:
-    if pid is None:
-        return None
+def status_field(pid: int, key: str) -> list[str] | None:
+    """The values of one line of ``/proc/PID/status`` (``Uid``, ``Tgid``...); None
+    when the process or the line is not there."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Uid:"):
-                return int(line.split()[2])  # effective uid
+            name, _, values = line.partition(":")
+            if name == key:
+                return values.split()
     except OSError:
         return None
     return None
+
+
+def _owner(pid: int | None) -> int | None:
+    uid = status_field(pid, "Uid") if pid is not None else None
+    return int(uid[1]) if uid else None  # effective uid

@@ -26,6 +26,7 @@ from livemig.engine.events import EventStream
 from livemig.engine.plan import Plan
 from livemig.idlecpu import Counters, IdleMeter, Reader
 from livemig.sampling import given
+from livemig.sampling.readers import status_field
 from livemig.virt import qmp
 from livemig.virt.conn import LibvirtError, libvirt_module, message
 
@@ -91,12 +92,11 @@ def local_pid(dom: Any) -> int | None:
         tids = [int(c["thread-id"]) for c in qmp.command(dom, "query-cpus-fast")]
     except (LibvirtError, libvirt.libvirtError, KeyError, TypeError, ValueError):
         return None  # a daemon or QEMU that will not say: libvirt's memory peek instead
-    if not tids:
+    tgid = status_field(tids[0], "Tgid") if tids else None
+    if not tgid:
         return None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        status = Path(f"/proc/{tids[0]}/status").read_text()
-        pid = int(next(line.split()[1] for line in status.splitlines()
-                       if line.startswith("Tgid:")))
+    pid = int(tgid[0])
+    with contextlib.suppress(OSError):
         if uuid in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") and all(
                 Path(f"/proc/{pid}/task/{t}").exists() for t in tids):
             return pid
@@ -135,7 +135,7 @@ def host_hints(conn: Any, dom: Any, tls: bool = False,
     vcpus = int(dom.info()[3])
     return Hints(cpus=max(0.5, min(2.0, float(cpus - vcpus))),
                  host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls,
-                 idle=idle, local_pid=local_pid(dom))
+                 idle=idle, local_pid=lambda: local_pid(dom))
 
 
 def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
