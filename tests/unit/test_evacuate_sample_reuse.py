@@ -206,6 +206,9 @@ def test_bench_configurations_and_a_run_without_a_report() -> None:
     picked = bench.configs(5, ["livemig-upstream", "fixed:5"])
     assert [(c[0], c[1], c[2]) for c in picked] == [
         ("fixed:5", "fixed:5", "upstream"), ("livemig-upstream", "livemig", "upstream")]
+    (ablation,) = bench.configs(5, ["fixed:1@livemig"])
+    assert ablation[:3] == ("fixed:1@livemig", "fixed:1", "livemig")
+    assert "qemu-upstream" not in str(ablation[3])  # the profile on the patched build
     ok = {"time_to_empty_s": 12.0, "bytes": 130 * M, "longest_pause_ms": 900,
           "expected_s": 14.0, "measure_s": 6.0, "verified": 5, "vms": [{}] * 5,
           "outcome": "emptied"}

@@ -41,9 +41,11 @@ TIMEOUT_S = 1200.0  # one evacuation
 def configs(count: int, only: list[str] | None = None,
             stock_profiles: tuple[str, ...] = ("upstream",)) -> list[tuple[str, str, str, Path]]:
     """The issue's four configurations (fixed:1, fixed:2, fixed:N, each once per stock
-    profile, and livemig); with ``only``, those named, which may also be the ablation
+    profile, and livemig); with ``only``, those named, which may also be the ablations
     ``livemig-upstream``: livemig's scheduler with the stock profile on the stock QEMU
-    (what the scheduler alone does against ``fixed:N``)."""
+    (what the scheduler alone does against ``fixed:N``), and ``fixed:N@livemig``: a
+    fixed concurrency with livemig's profile on the patched build (what the profile
+    alone does, and what a slower drain costs the guests)."""
     stock = paths.build_dir() / "qemu-upstream" / "qemu-system-x86_64"
     many = len(stock_profiles) > 1
     main = [(f"fixed:{n}" + (f"@{p}" if many else ""), f"fixed:{n}", p, stock)
@@ -51,7 +53,9 @@ def configs(count: int, only: list[str] | None = None,
         ("livemig", "livemig", "livemig", paths.default_qemu())]
     if only is None:
         return main
-    extra = [("livemig-upstream", "livemig", "upstream", stock)]
+    extra = [("livemig-upstream", "livemig", "upstream", stock)] + [
+        (f"fixed:{n}@livemig", f"fixed:{n}", "livemig", paths.default_qemu())
+        for n in (1, 2, count)]
     return [c for c in main + extra if c[0] in only]
 
 
