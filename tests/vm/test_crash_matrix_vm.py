@@ -82,6 +82,22 @@ def _one_side_runs(src: Path, dst: Path, deadline_s: float) -> tuple[str | None,
         time.sleep(0.5)
 
 
+def _guardian_repaired(src: Path, deadline_s: float) -> None:
+    """Wait for the guardian of the run on ``src`` to log the end of its repair. Until
+    then a source may run again while its destination, about to be quit, still
+    answers (seen once in the attach matrix: the test read the destination's status,
+    then found its socket gone)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        for spec in paths.run_root().glob("a*/guardian.json"):
+            log = spec.parent / "guardian.log"
+            if json.loads(spec.read_text()).get("src") == str(src) and log.exists() \
+                    and "repair " in log.read_text():
+                return
+        assert time.monotonic() < deadline, "the guardian never logged its repair"
+        time.sleep(0.2)
+
+
 def _port_closed(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=3):
@@ -201,6 +217,8 @@ def test_attach_signal_matrix(pair, phase: str, sig: str, tmp_path: Path) -> Non
     if phase == "throttled":
         pattern = throttled
     rc, err = _signal_at(args, pattern, after, sig, 180)
+    if sig == "kill":  # the guardian repairs; until it is done the ends are in motion
+        _guardian_repaired(sq, REPAIR_S)
     s, d = _one_side_runs(sq, dq, REPAIR_S)
     # nothing livemig changed stays, on either QEMU it did not start
     deadline = time.monotonic() + REPAIR_S
