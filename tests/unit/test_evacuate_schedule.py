@@ -383,3 +383,21 @@ def test_a_start_beside_an_ending_stream_expects_the_link_without_it() -> None:
     (start,) = [a for a in decide(Snapshot(0.0, (going, VmState(c)), LINKS))
                 if isinstance(a, Start)]
     assert start.expected == LINK / 2
+
+
+def test_a_fixed_concurrency_start_expects_an_even_share_of_its_link() -> None:
+    """fixed:N caps nothing, but tells each start the share of its link it will get
+    beside the migrations on the same link (the encoding model of livemig's profile
+    plans with it; told nothing, it models an unshaped link)."""
+    a, b, c = (VmFacts(n, 1 << 30, 1 << 29, 0.0, link=ln)
+               for n, ln in (("a", "x"), ("b", "x"), ("c", "y")))
+    links = {"x": 100e6, "y": 40e6}
+    acts = fixed(3)(Snapshot(0.0, tuple(VmState(f) for f in (a, b, c)), links))
+    assert [(x.name, x.bandwidth, x.expected) for x in acts] == [
+        ("a", 100e6, 50e6), ("b", 100e6, 50e6), ("c", 40e6, 40e6)]
+    one = fixed(1)(Snapshot(0.0, (VmState(a, status=MIGRATING), VmState(b)), links))
+    assert one == []
+    acts = fixed(2)(Snapshot(0.0, (VmState(a, status=MIGRATING), VmState(b), VmState(c)),
+                             links))
+    assert [(x.name, x.expected) for x in acts] == [("b", 50e6)]
+

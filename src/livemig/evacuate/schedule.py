@@ -491,11 +491,18 @@ def simulate(fleet: list[VmFacts], links: dict[str, float], max_parallel: int = 
 def fixed(concurrency: int) -> Callable[[Snapshot], list[Action]]:
     """A fixed-concurrency baseline (Nova: 1, KubeVirt: 2 per node): the queue in the
     given order, ``concurrency`` at a time, no caps (TCP's even split of the link:
-    :func:`effective` in the model)."""
+    :func:`effective` in the model). Each start expects an even share of its link with
+    the migrations on it (what a profile that models the link plans with; stock
+    profiles do not read it)."""
     def policy(s: Snapshot) -> list[Action]:
         running = [v for v in s.vms if v.status == MIGRATING]
         queued = [v for v in s.vms if v.status == QUEUED]
         starting = queued[:max(0, concurrency - len(running))]
-        return [Start(v.facts.name, s.links[v.facts.link], f"fixed concurrency {concurrency}")
-                for v in starting]
+        out: list[Action] = []
+        for v in starting:
+            link = s.links[v.facts.link]
+            sharing = sum(1 for x in running + starting if x.facts.link == v.facts.link)
+            out.append(Start(v.facts.name, link, f"fixed concurrency {concurrency}",
+                             link / sharing))
+        return out
     return policy
