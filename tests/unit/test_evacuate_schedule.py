@@ -400,4 +400,3 @@ def test_a_fixed_concurrency_start_expects_an_even_share_of_its_link() -> None:
     acts = fixed(2)(Snapshot(0.0, (VmState(a, status=MIGRATING), VmState(b), VmState(c)),
                              links))
     assert [(x.name, x.expected) for x in acts] == [("b", 50e6)]
-
