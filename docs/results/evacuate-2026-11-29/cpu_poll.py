@@ -1,4 +1,4 @@
-"""Every process's CPU time, polled every 0.25 s while the bench ran (the set's CPU
+"""Every process's CPU time, polled every 0.25 s while the bench ran (a set's CPU
 split by process kind). Usage: python3 cpu_poll.py OUT.jsonl  (stop it with a signal)."""
 import json
 import os
