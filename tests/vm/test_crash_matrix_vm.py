@@ -82,19 +82,27 @@ def _one_side_runs(src: Path, dst: Path, deadline_s: float) -> tuple[str | None,
         time.sleep(0.5)
 
 
+def _guardian_runs(src: Path) -> list[Path]:
+    """livemig's attach run directories whose guardian watched the QEMU on ``src``."""
+    return [p for p in paths.run_root().glob("a*") if (p / "guardian.json").exists()
+            and json.loads((p / "guardian.json").read_text()).get("src") == str(src)]
+
+
+def _guardian_done(run: Path) -> bool:
+    log = run / "guardian.log"
+    text = log.read_text() if log.exists() else ""
+    return "repair " in text or "finished normally" in text
+
+
 def _guardian_repaired(src: Path, deadline_s: float) -> None:
-    """Wait for the guardian of the run on ``src`` to log the end of its repair. Until
-    then a source may run again while its destination, about to be quit, still
-    answers (seen once in the attach matrix: the test read the destination's status,
-    then found its socket gone)."""
+    """Wait for the guardian of the run on ``src`` to be done: its repair logged, or
+    livemig's end seen (a run killed once the guest ran on the destination may have
+    removed its directory already). Until then a source may run again while its
+    destination, about to be quit, still answers (seen once in the attach matrix: the
+    test read the destination's status, then found its socket gone)."""
     deadline = time.monotonic() + deadline_s
-    while True:
-        for spec in paths.run_root().glob("a*/guardian.json"):
-            log = spec.parent / "guardian.log"
-            if json.loads(spec.read_text()).get("src") == str(src) and log.exists() \
-                    and "repair " in log.read_text():
-                return
-        assert time.monotonic() < deadline, "the guardian never logged its repair"
+    while not all(_guardian_done(p) for p in _guardian_runs(src)):
+        assert time.monotonic() < deadline, "the guardian never logged its end"
         time.sleep(0.2)
 
 
@@ -242,10 +250,8 @@ def test_attach_signal_matrix(pair, phase: str, sig: str, tmp_path: Path) -> Non
         rep = json.loads(report.read_text())
         assert (rep["outcome"] == "completed") == (d == "running"), rep["outcome"]
     # no stray run directory of livemig's (the guardian's log stays only after a repair)
-    leftovers = [p for p in paths.run_root().glob("a*") if (p / "guardian.json").exists()
-                 and json.loads((p / "guardian.json").read_text()).get("src") == str(sq)]
     if sig != "kill":
-        assert leftovers == []
+        assert _guardian_runs(sq) == []
 
 
 def _signal_at(args: list[str], pattern: str, after: float, sig: str,
