@@ -33,7 +33,6 @@ from livemig import libvirt_lab, metrics, paths
 from livemig.errors import VMError
 from livemig.lab.agent import AgentLink
 from livemig.libvirt_lab import channel_path
-from livemig.settings import PROFILES
 from livemig.testbed import libvirtd
 from livemig.units import parse_link_rate, parse_size
 
@@ -63,9 +62,8 @@ class LibvirtRun:
     def _cmd(self, report: Path) -> list[str]:
         sets = {k: str(v) for k, v in self.sc.get("set", {}).items()
                 if k not in LAB_ONLY_SETS}
-        if self.base in PROFILES and "encoding" in PROFILES[self.base]:
-            # what the lab hands the attach path: the testbed's link, for the model
-            sets.setdefault("link-rate", str(self.sc.get("link", "1gbit")))
+        # no link-rate: the run reads the link from the source host's route to the
+        # destination (engine/linkprobe.py), as it does for a user's domain
         bandwidth = parse_size(str(self.sc["bandwidth"])) if self.sc.get("bandwidth") \
             else None
         return libvirt_lab.migrate_argv(self.name, report, profile=self.base, sets=sets,

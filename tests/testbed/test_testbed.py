@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -56,3 +58,27 @@ def test_bad_link_rate_is_one_line_error():
     p = _cli("up", "--link", "fast")
     assert p.returncode == 2
     assert p.stderr.strip().count("\n") == 0 and "bad link rate" in p.stderr
+
+
+def test_source_link_reads_the_shaped_route(testbed):
+    """The encoding model's link rate when nobody gives one: read from the route a
+    process in lm-src takes to the destination (tbf on mig0), the veth's own speed
+    when nothing shapes it, and nothing for a route that stays on the host."""
+    from livemig.engine.linkprobe import source_link
+
+    assert _cli("up", "--link", "100mbit").returncode == 0
+    proc = subprocess.Popen(["ip", "netns", "exec", "lm-src", "sleep", "60"])
+    try:
+        while os.readlink(f"/proc/{proc.pid}/exe") != os.path.realpath(shutil.which("sleep") or ""):
+            time.sleep(0.01)  # in lm-src once it runs sleep (ip netns exec execs it)
+        link = source_link(proc.pid, topology.MIG_ADDR["dst"])
+        assert link is not None and link.source == "tbf on mig0"
+        assert link.rate == pytest.approx(100e6 / 8, rel=0.01)
+        assert _cli("up", "--link", "none").returncode == 0
+        unshaped = source_link(proc.pid, topology.MIG_ADDR["dst"])
+        assert unshaped is None or unshaped.source == "mig0's speed"  # veth: 10 Gbit/s
+        assert source_link(proc.pid, "10.77.0.1") is None  # its own address: local
+        assert source_link(proc.pid, "no-such-host.invalid") is None
+    finally:
+        proc.kill()
+        proc.wait()

@@ -17,6 +17,8 @@ from livemig.policy.encoding import DELTA_KEY
 
 
 class PatchedSource:
+    pid = None  # not on this host: no link read from its route
+
     async def cmd(self, command: str, **_args: Any) -> Any:
         return {"query-cpus-fast": [{}],
                 "query-memory-size-summary": {"base-memory": 1 << 30},

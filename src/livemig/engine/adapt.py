@@ -35,6 +35,7 @@ from typing import Any
 
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
+from livemig.engine.linkprobe import peer_of, source_link
 from livemig.engine.plan import Plan
 from livemig.errors import LivemigError, UsageError, VMError
 from livemig.idlecpu import IdleMeter
@@ -72,13 +73,17 @@ class Hints:
     """What the caller knows that QEMU does not."""
 
     link_rate: float | None = None  # bytes/s of the migration link; None: unknown
+    # the destination host (its address or name), when the plan's URI does not say it
+    # (libvirt chooses the URI): where the source host's route to it is read from
+    peer: str | None = None
     cpus: float | None = None  # host CPUs for the migration threads; None: this host's
     host_available: int | None = None  # bytes free on the source host; None: this host's
     file_sampler: Sampler | None = None  # the lab's RAM-file reader (sampler=file)
     scratch: Path | None = None  # where pmemsave may write (a private dir is made in it)
     peek: Read | None = None  # a reader of guest-physical memory (libvirt's memory peek)
     # finds the source QEMU's process on this host when the end does not know it (a
-    # libvirt domain's): asked only when a sample would read its RAM through /proc
+    # libvirt domain's): asked only when a sample would read its RAM through /proc, or
+    # the link's rate is read from its network namespace
     local_pid: Callable[[], int | None] | None = None
     tls: bool | None = None  # the stream is encrypted (None: as the plan says)
     given: Sampler | None = None  # a sample taken before (livemig evacuate's): sampler=auto
@@ -226,7 +231,8 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
     rec = {"encoding": choice.encoding, "reason": choice.reason,
            "changed_share": choice.changed_share, "zlib_ratio": choice.ratio,
            "samples": choice.samples, "applied": applied, "sampler": sampled,
-           "context": {"link_rate": ctx.link_rate, "cpus": ctx.cpus,
+           "context": {"link_rate": ctx.link_rate, "link_from": ctx.link_from,
+                       "cpus": ctx.cpus,
                        "idle_cpus": ctx.idle_cpus,
                        "guest_ram": ctx.guest_ram, "codecs": sorted(ctx.codecs),
                        "delta": ctx.delta, "switch": ctx.switch,
@@ -303,15 +309,10 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
     mem = await src.cmd("query-memory-size-summary")
     ram = int(mem.get("base-memory", 0)) + int(mem.get("plugged-memory", 0) or 0)
     params = await src.cmd("query-migrate-parameters")
-    link = hints.link_rate
-    given = plan.livemig_setting("link-rate")
-    if given != "auto":
-        bits = parse_link_rate(given)
-        link = bits / 8 if bits else None
-    if plan.bandwidth:
-        link = min(link or float("inf"), float(plan.bandwidth))
+    link, link_from = await link_rate(src, plan, hints)
     return encoding.Context(
         link_rate=link,
+        link_from=link_from,
         cpus=hints.cpus if hints.cpus is not None else encoding.migration_cpus(vcpus),
         guest_ram=ram or (1 << 30),
         host_available=(hints.host_available if hints.host_available is not None
@@ -327,6 +328,30 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
         idle_cpus=(await hints.idle.idle_cpus()
                    if hints.idle is not None and plan.livemig_setting("encoding") == "auto"
                    else None))
+
+
+async def link_rate(src: QmpEnd, plan: Plan, hints: Hints) -> tuple[float | None, str]:
+    """The link's bytes/s for the model and where it came from: ``--set link-rate``,
+    else the caller's (the lab's testbed), else the source host's route to the
+    destination (:mod:`livemig.engine.linkprobe`, a QEMU on this host); capped by
+    ``--bandwidth``. (None, "unknown"): the model's unshaped rate."""
+    link, why = hints.link_rate, "the testbed's link"
+    given = plan.livemig_setting("link-rate")
+    if given != "auto":
+        bits = parse_link_rate(given)
+        link, why = (bits / 8 if bits else None), "--set link-rate"
+    elif link is None:
+        why = "unknown"
+        peer = hints.peer or peer_of(plan.uri)
+        pid = src.pid if qemu_is_local(src.pid) else (
+            hints.local_pid() if hints.local_pid is not None else None)
+        if peer is not None and pid is not None:
+            found = await asyncio.to_thread(source_link, pid, peer)
+            if found is not None:
+                link, why = found.rate, found.source
+    if plan.bandwidth and (link is None or plan.bandwidth < link):
+        link, why = float(plan.bandwidth), "--bandwidth"
+    return link, why
 
 
 async def _has_switch(src: QmpEnd) -> bool:

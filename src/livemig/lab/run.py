@@ -555,9 +555,9 @@ class LabRun(Hooks):
         hook, the attach path's own sampler and checks."""
         assert self.src is not None and self.dst is not None
         await self.warmup()
+        # nothing of the testbed's link either: the attach path reads it from the
+        # source host's route to the destination (engine/linkprobe.py), as for a user's VM
         self.progress.step("handing both QEMUs' QMP sockets to the attach path")
-        if self.opts.testbed and "link-rate" not in self.opts.explicit and self.opts.link:
-            plan = plan.with_settings({"link-rate": f"{self.opts.link}bit"}).validate()
         rec, _ = await run_attach(self.src.config.attach_qmp_path,
                                   self.dst.config.attach_qmp_path, plan, self.events,
                                   self.interrupt)

@@ -103,6 +103,7 @@ class Context:
     """What the stream has to work with."""
 
     link_rate: float | None = None  # bytes/s the stream may use; None: unshaped
+    link_from: str = ""  # where link_rate was read (said in the choice's reason)
     cpus: float = 1.0  # host CPUs the migration threads get beside the vCPUs
     guest_ram: int = 1 << 30
     host_available: int | None = None  # bytes of host memory available (MemAvailable)
@@ -632,6 +633,8 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
                          else estimate_xbzrle(share, nonzero, dirty_rate, ctx))
     name = pick(one_level(est, ctx.idle_cpus))
     link = f"{(ctx.link_rate or UNSHAPED) * 8 / 1e6:.0f} Mbit/s"
+    if ctx.link_from:
+        link += f" ({ctx.link_from})"
     why = ", ".join(f"{n} {e.seconds:.1f}s+{e.work_lost:.1f}s lost/{e.bytes / 2**20:.0f}MiB"
                     for n, e in sorted(est.items()))
     settings: dict[str, str] = {}

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from livemig.engine.adapt import Deferred
 from livemig.engine.events import EventStream, progress_listener
 from livemig.engine.executor import SWITCHOVER_BW, PolicyConfig, PolicyExecutor
+from livemig.engine.linkprobe import peer_of
 from livemig.engine.monitor import Monitor, Terminal
 from livemig.engine.observe import Observation
 from livemig.engine.plan import Plan as EnginePlan
@@ -287,7 +288,7 @@ class DomainMigration:
         events = EventStream(self.run.t0)
         events.subscribe(progress_listener(self.progress))
         adapted = adapt_domain(self.dom, self.src_conn, first, events, o.request.tls,
-                               self.idle)
+                               self.idle, peer_of(o.request.migrate_uri or o.dst_uri))
         self.run.events.extend(events.log)
         self.run.encoding = adapted.encoding
         self.deferred = adapted.deferred

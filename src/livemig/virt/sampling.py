@@ -127,15 +127,16 @@ def node_meter(conn: Any) -> IdleMeter:
 
 
 def host_hints(conn: Any, dom: Any, tls: bool = False,
-               idle: IdleMeter | None = None) -> Hints:
+               idle: IdleMeter | None = None, peer: str | None = None) -> Hints:
     """The source host's CPUs beside the domain's vCPUs, its idle CPUs (``idle``, a
     meter started earlier; None: not read) and its free memory; ``tls``: the stream
-    goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte."""
+    goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte; ``peer``:
+    the destination host (the link's rate is read from the route to it)."""
     cpus = int(conn.getInfo()[2])
     vcpus = int(dom.info()[3])
     return Hints(cpus=max(0.5, min(2.0, float(cpus - vcpus))),
                  host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls,
-                 idle=idle, local_pid=lambda: local_pid(dom))
+                 idle=idle, local_pid=lambda: local_pid(dom), peer=peer)
 
 
 def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
@@ -154,10 +155,13 @@ def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
 
 
 def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream,
-                 tls: bool = False, idle: IdleMeter | None = None) -> Adapted:
+                 tls: bool = False, idle: IdleMeter | None = None,
+                 peer: str | None = None) -> Adapted:
     """The second plan for ``dom`` (sync: libvirt runs are); ``idle``: the source
-    host's idle-CPU meter, started when the run connected (else now)."""
-    hints = host_hints(conn, dom, tls, idle if idle is not None else node_meter(conn))
+    host's idle-CPU meter, started when the run connected (else now); ``peer``: the
+    destination host."""
+    hints = host_hints(conn, dom, tls, idle if idle is not None else node_meter(conn),
+                       peer)
     auto = (plan.livemig_setting("encoding") == "auto"
             and plan.livemig_setting("sampler") == "auto")
     reuse = given_sample(str(dom.name()), events) if auto else None  # else unused
