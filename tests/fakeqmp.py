@@ -36,6 +36,8 @@ class FakeEnd:
         self.ram_file: Path | None = None
         self.pid: int | None = None
         self.autostart = True
+        self.vcpus = 1
+        self.digest_threads = True  # x-query-ram-digest takes 'threads' (patch 0017)
 
     def alive(self) -> bool:
         return not self.dead
@@ -107,7 +109,11 @@ class FakeEnd:
                 raise VMError(f"{self.name}: command not found")
             if self.status == "running":
                 raise VMError(f"{self.name}: refused while the VM runs")
+            if "threads" in args and not self.digest_threads:
+                raise VMError(f"{self.name}: Parameter 'threads' is unexpected")
             return self._digest(args)
+        if command == "query-cpus-fast":
+            return [{"cpu-index": i} for i in range(self.vcpus)]
         if command == "human-monitor-command" and args.get("command-line") == "info ramblock":
             return "".join(f"{n:>24} {'4 KiB':>8}  0x{0:016x} 0x{len(d):016x} 0x{len(d):016x} "
                            f"0x{0:016x} {'rw':>3}\n" for n, d in self.ram.items())

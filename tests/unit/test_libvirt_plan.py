@@ -275,6 +275,9 @@ def test_ram_check_figures_and_mismatch_for_the_report() -> None:
                        "source-time": 50_000, "destination-time": 60_000})
     assert ok["result"] == "ok" and ok["method"].startswith("in-stream digest")
     assert ok["cost_s_per_gib"] == {"source": 0.05, "destination": 0.06}
+    assert "threads" not in ok  # a build before patch 0017
+    assert ram_check_ok({"blocks": 5, "size": 1 << 30, "chunk-size": 1 << 20,
+                         "source-time": 1, "threads": 2})["threads"] == 2
     # libvirt 9.0's error when the destination QEMU fails the check (its log's tail)
     msg = ("internal error: qemu unexpectedly closed the monitor: 2026-11-23T13:15:07Z "
            "qemu-system-x86_64: load of migration failed: Invalid argument: error while "

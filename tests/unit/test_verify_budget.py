@@ -12,7 +12,7 @@ import pytest
 import livemig.engine.verify as verify
 from fakeqmp import FakeEnd
 from livemig.engine.verify import compare_digests, parse_ramblocks
-from livemig.errors import UsageError
+from livemig.errors import UsageError, VMError
 from livemig.report import _ram_note
 from livemig.settings import LIVEMIG_SETTINGS, ram_check_budget_s
 
@@ -68,7 +68,7 @@ def test_no_budget_or_a_small_guest_is_compared_whole_without_a_probe() -> None:
         src, dst = _ends()
         v = asyncio.run(compare_digests(src, dst, chunk=MIB, budget=budget))
         assert v.result == "ok" and v.coverage is None
-        assert src.called("x-query-ram-digest") == [{"chunk-size": MIB}]
+        assert src.called("x-query-ram-digest") == [{"chunk-size": MIB, "threads": 2}]
         assert "coverage" not in v.as_dict()
 
 
@@ -78,7 +78,8 @@ def test_ram_that_fits_the_budget_once_timed_is_compared_whole(small_ranges: Non
     assert v.result == "ok" and v.coverage is None and v.bytes_compared == 9 * MIB
     assert _whole_calls(src) == 1 and _whole_calls(dst) == 1
     probe = src.called("x-query-ram-digest")[0]
-    assert probe == {"chunk-size": MIB, "block": "pc.ram", "offset": 0, "length": MIB}
+    assert probe == {"chunk-size": MIB, "block": "pc.ram", "offset": 0, "length": MIB,
+                     "threads": 2}
 
 
 def test_over_budget_ranges_at_random_and_the_share_covered_is_said(
@@ -107,7 +108,8 @@ def test_a_difference_in_a_compared_range_is_found_and_named(
     assert v.first_mismatches == ("0x1000",)
     # a destination known to differ is not compared further: the source resumes sooner
     ranged = [a for a in src.called("x-query-ram-digest") if a["chunk-size"] == MIB]
-    assert ranged == [{"chunk-size": MIB, "block": "pc.ram", "offset": 0, "length": MIB}]
+    assert ranged == [{"chunk-size": MIB, "block": "pc.ram", "offset": 0, "length": MIB,
+                       "threads": 2}]
 
 
 def test_a_difference_outside_the_ranges_is_the_price_of_the_budget(
@@ -191,3 +193,25 @@ def test_small_blocks_do_not_cut_the_sampled_comparison_short(
         v = asyncio.run(compare_digests(src, dst, chunk=4096, budget=0.15, seed=seed))
         assert v.result == "ok" and v.coverage is not None
         assert v.coverage > 0.4, (seed, v.coverage)  # ~6 of 9 MiB fit 0.15 s
+
+
+def test_digest_threads_follow_the_vcpus_and_fall_back() -> None:
+    """Each end digests with one thread per vCPU of the paused guest (at least two);
+    a QEMU built before patch 0017 refuses 'threads' and is asked again without."""
+    src, dst = _ends()
+    src.vcpus = 4
+    v = asyncio.run(compare_digests(src, dst, chunk=MIB))
+    assert v.result == "ok" and v.threads == 4 and v.as_dict()["threads"] == 4
+    assert {a.get("threads") for a in src.called("x-query-ram-digest")} == {4}
+    src, dst = _ends()
+    dst.digest_threads = False
+    dst.ram["pc.ram"][5 * MIB + 7] ^= 1  # and it still finds the changed page
+    v = asyncio.run(compare_digests(src, dst, chunk=MIB))
+    assert v.result == "mismatch" and v.mismatched_pages == 1 and v.threads == 1
+    asked = [a.get("threads") for a in dst.called("x-query-ram-digest")]
+    assert asked[0] == 2 and set(asked[1:]) == {None}  # refused once, then not asked
+    # any other error is the comparison's
+    src, dst = _ends()
+    dst.commands = set()
+    with pytest.raises(VMError, match="command not found"):
+        asyncio.run(compare_digests(src, dst, chunk=MIB))

@@ -277,3 +277,4 @@ def test_corrupted_destination_page_is_named_by_the_ram_digest(tmp_path):
     assert detail["method"] == "digest"
     assert detail["mismatched_pages"] == 1
     assert detail["first_mismatches"] == [f"{addr & ~0xFFF:#x}"]
+    assert detail["threads"] >= 2  # the paused guest's cores digest (patch 0017)

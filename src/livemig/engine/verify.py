@@ -21,6 +21,11 @@ budget is spent, and the verdict says which share of RAM that covered
 (``coverage``): a corruption confined to a few pages may then go unseen, one that
 touches a whole block or a share of all pages (a dirty-tracking bug) is found.
 
+Each end digests with one thread per vCPU of the paused guest, at least two
+(``threads``, qemu/patches/0017: the stopped vCPUs' cores and the waiting migration
+thread are idle); a QEMU built before that patch refuses the argument and digests
+with one (:class:`Digester`). The verdict says how many (``threads``).
+
 Neither available: ``skipped`` with the reason.
 """
 
@@ -56,6 +61,7 @@ PROBE = 256 << 20
 SLOW_S_PER_BYTE = 0.5 / (1 << 30)
 _now = time.monotonic  # the budget's clock
 SPAN = PROBE  # one sampled range when all of RAM does not fit
+THREADS_MAX = 64  # x-query-ram-digest's limit (RAM_DIGEST_THREADS_MAX)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class RamVerdict:
     capped: bool = False  # more chunks differed than were drilled into: pages undercounted
     coverage: float | None = None  # share of RAM compared, when a budget cut it short
     budget_s: float | None = None  # the budget that did
+    threads: int | None = None  # threads each end digested with (digest)
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -89,6 +96,8 @@ class RamVerdict:
                 d["pages_counted_in_first_chunks"] = MAX_DRILLED
             gib = self.bytes_compared / (1 << 30)
             d["seconds_per_gib"] = round(self.seconds / gib, 3) if gib else None
+            if self.threads is not None:
+                d["threads"] = self.threads
             if self.coverage is not None:
                 d["coverage"] = round(self.coverage, 4)
                 d["budget_s"] = self.budget_s
@@ -129,6 +138,41 @@ async def digest(end: QmpEnd, **args: Any) -> Digest:
     return Digest.parse(await end.cmd(DIGEST_CMD, **args))
 
 
+class Digester:
+    """``x-query-ram-digest`` with ``threads`` (qemu/patches/0017) on the ends that
+    take it: a QEMU built before that patch refuses the argument, and is asked again
+    without it (and from then on)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.refused: set[str] = set()  # the ends (by name) that took one thread
+
+    async def __call__(self, end: QmpEnd, **args: Any) -> Digest:
+        if self.threads > 1 and end.name not in self.refused:
+            try:
+                return await digest(end, threads=self.threads, **args)
+            except VMError as e:
+                if "threads" not in str(e):
+                    raise
+                self.refused.add(end.name)
+        return await digest(end, **args)
+
+    def used(self) -> int:
+        """The threads each end digested with: the fewest of them."""
+        return 1 if self.refused or self.threads <= 1 else self.threads
+
+
+async def digest_threads(end: QmpEnd) -> int:
+    """Threads for each end's digest: the guest is paused, so its vCPUs' cores are
+    idle, and so is the migration thread, which waits for the check: one per vCPU,
+    at least two, at most QEMU's 64."""
+    try:
+        vcpus = len(await end.cmd("query-cpus-fast"))
+    except (VMError, OSError, TypeError):
+        return 1
+    return max(2, min(THREADS_MAX, vcpus))
+
+
 def where(block: str, offset: int, ram_size: int | None) -> str:
     """A guest-physical address for the main RAM block, else ``block+offset``."""
     if block in MAIN_RAM_BLOCKS and ram_size:
@@ -150,8 +194,9 @@ class _Tally:
     """Digest replies of both ends compared chunk by chunk, differing chunks drilled
     into page by page, over any number of (whole or ranged) replies."""
 
-    def __init__(self, src: QmpEnd, dst: QmpEnd) -> None:
+    def __init__(self, src: QmpEnd, dst: QmpEnd, digester: Digester | None = None) -> None:
         self.src, self.dst = src, dst
+        self.digest = digester or Digester(1)
         self.mismatches: list[str] = []
         self.bad_pages = self.bad_chunks = self.bytes = self.drilled = 0
         self.capped = False
@@ -191,7 +236,8 @@ class _Tally:
         self.drilled += 1
         length = min(chunk, sb.size - off)
         args = {"block": sb.name, "offset": off, "length": length, "chunk-size": PAGE}
-        pa, pb = await asyncio.gather(digest(self.src, **args), digest(self.dst, **args))
+        pa, pb = await asyncio.gather(self.digest(self.src, **args),
+                                      self.digest(self.dst, **args))
         pda, pdb = pa.blocks[0].digests, pb.blocks[0].digests
         for j, (p, q) in enumerate(zip(pda, pdb, strict=False)):
             if p != q:
@@ -207,7 +253,8 @@ class _Tally:
                           first_mismatches=tuple(self.mismatches[:MAX_REPORTED]),
                           seconds=seconds, bytes_compared=self.bytes,
                           mismatched_chunks=self.bad_chunks, capped=self.capped,
-                          coverage=coverage, budget_s=budget_s)
+                          coverage=coverage, budget_s=budget_s,
+                          threads=self.digest.used())
 
 
 async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK,
@@ -217,7 +264,8 @@ async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK,
     ``budget`` (seconds), all of RAM only if it fits, else random ranges until the
     budget is spent (see the module's docstring)."""
     t0 = _now()
-    tally = _Tally(src, dst)
+    dig = Digester(await digest_threads(src))
+    tally = _Tally(src, dst, dig)
     whole = {"chunk-size": chunk}
     blocks = await _blocks(src) if budget else []
     total = sum(size for _, size in blocks)
@@ -229,11 +277,11 @@ async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK,
         probe = {"chunk-size": chunk, "block": name, "offset": 0, "length": probed}
         t1 = _now()
         with contextlib.suppress(VMError):  # a block QEMU does not migrate: whole
-            a, b = await asyncio.gather(digest(src, **probe), digest(dst, **probe))
+            a, b = await asyncio.gather(dig(src, **probe), dig(dst, **probe))
             pair = (a, b)
         probe_s = _now() - t1
     if pair is None or budget is None or probe_s / probed * total <= budget - (_now() - t0):
-        await tally.add(*await asyncio.gather(digest(src, **whole), digest(dst, **whole)))
+        await tally.add(*await asyncio.gather(dig(src, **whole), dig(dst, **whole)))
         return tally.verdict(_now() - t0)
     await tally.add(*pair)
     ranges = [(n, off, min(SPAN, sz - off)) for n, sz in blocks
@@ -250,7 +298,7 @@ async def compare_digests(src: QmpEnd, dst: QmpEnd, chunk: int = CHUNK,
         if n in unmigrated:
             continue
         args = {"chunk-size": chunk, "block": n, "offset": off, "length": length}
-        got = await asyncio.gather(digest(src, **args), digest(dst, **args),
+        got = await asyncio.gather(dig(src, **args), dig(dst, **args),
                                    return_exceptions=True)
         if isinstance(got[0], BaseException):  # a block this QEMU does not migrate
             if not isinstance(got[0], VMError):

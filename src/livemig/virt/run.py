@@ -795,7 +795,10 @@ def ram_check_ok(check: dict[str, Any]) -> dict[str, Any]:
             "source_s": round(src, 6), "destination_s": round(dst, 6),
             "cost_s_per_gib": {"source": round(src / gib, 4) if gib else None,
                                "destination": round(dst / gib, 4) if gib else None},
-            "in_downtime": True}
+            "in_downtime": True,
+            # threads a side digested with (patch 0017: its multifd channels); absent
+            # before that patch
+            **({"threads": int(check["threads"])} if "threads" in check else {})}
 
 
 def ram_check_failed(reason: str) -> dict[str, Any]:
