@@ -151,8 +151,10 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                                "(as set)"),
     "link-rate": LivemigSetting("auto", _link,
                                 "the migration link's rate for the encoding model, e.g. "
-                                "1gbit or 10gbit: auto (the testbed's link in lab runs; "
-                                "unknown otherwise, so --bandwidth or 10gbit is assumed)"),
+                                "1gbit or 10gbit: auto (the testbed's link in lab runs, "
+                                "else the source host's route to the destination: its "
+                                "device's speed or tbf/htb rate, for a QEMU on this "
+                                "host; else 10gbit; --bandwidth caps it)"),
     "sampler": LivemigSetting("auto", _choice("auto", "qemu", "procmem", "pmemsave", "xp",
                                                      "peek", "file"),
                               "how encoding=auto samples the guest's pages: auto (the "

@@ -156,7 +156,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
       "--scheduler", "fixed:x"], "--scheduler"),
     (["--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://b/system", "--link", "fast"],
      "bad link rate"),
-    (["--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://b/system"], "--link RATE"),
     (["--to", "qemu+tcp://b/system"], "--connect"),
     (["--connect", "qemu+tcp://a/system", "--to", "qemu+tcp://b/system", "--domains", ","],
      "--domains: no domain named"),
@@ -392,3 +391,38 @@ def test_the_eta_counts_what_follows_a_stream_as_the_drain_measured_it() -> None
     measured = view.host_line(q, {SHARED_LINK: 100 * M}, 0.0, cheap)
     eta = [float(x.split("ETA to empty ")[1].split()[0]) for x in (modelled, measured)]
     assert eta[0] - eta[1] == pytest.approx(schedule.MODELLED.total - cheap.total, abs=1)
+
+
+def test_the_link_comes_from_the_option_then_the_testbed_then_the_route(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from livemig.evacuate import cli
+    from livemig.testbed import topology
+
+    monkeypatch.setattr(topology, "read_state", lambda: {"link_bits": 400e6})
+    route = (12.5e6, "tbf on mig0 to 10.77.0.2")
+    a = SimpleNamespace(link="1gbit", quiet=False)
+    assert cli._link_bytes(a, True, lambda: route) == 1e9 / 8
+    a = SimpleNamespace(link=None, quiet=False)
+    assert cli._link_bytes(a, True, lambda: route) == 400e6 / 8
+    assert cli._link_bytes(a, False, lambda: route) == 12.5e6
+    assert "100 Mbit/s (tbf on mig0 to 10.77.0.2)" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="could not be read"):
+        cli._link_bytes(a, False, lambda: None)
+
+
+def test_route_link_is_the_slowest_route_and_needs_every_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from livemig.engine import linkprobe
+    from livemig.evacuate import cli
+    from livemig.virt import sampling
+
+    rates = {"10.77.0.2": 12.5e6, "10.77.2.3": 5e6}
+    monkeypatch.setattr(sampling, "local_pid", lambda dom: 77 if dom == "db" else None)
+    monkeypatch.setattr(linkprobe, "source_link", lambda pid, peer: linkprobe.Link(
+        rates[peer], "tbf on mig0") if peer in rates and pid == 77 else None)
+    src = SimpleNamespace(lookupByName=lambda n: n)
+    dsts = ["qemu+tcp://10.77.0.2/system", "qemu+tcp://10.77.2.3/system"]
+    # the first domain runs elsewhere: the next one's process is used
+    assert cli.route_link(src, ["remote", "db"], dsts) == (5e6, "tbf on mig0 to 10.77.2.3")
+    assert cli.route_link(src, ["remote"], dsts) is None  # no QEMU on this host
+    assert cli.route_link(src, ["db"], [*dsts, "qemu:///system"]) is None  # one unread

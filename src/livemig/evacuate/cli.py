@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -50,7 +52,9 @@ def register(sub: Any) -> None:
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to every migration (repeatable)")
     e.add_argument("--link", help="rate of the source's migration link (e.g. 1gbit); "
-                   "default: the testbed's, when the hosts are the testbed's")
+                   "default: the testbed's, when the hosts are the testbed's, else "
+                   "read from this host's route to the destinations (the device's "
+                   "speed or tbf/htb rate, when the source's QEMUs run here)")
     e.add_argument("--links", choices=("auto", "shared", "separate"), default="auto",
                    help="shared: all destinations behind one link of --link; separate: "
                         "each destination its own path of --link; auto: separate on the "
@@ -109,7 +113,10 @@ def _check(a: argparse.Namespace) -> list[str]:
     return dsts
 
 
-def _link_bytes(a: argparse.Namespace, testbed: bool) -> float:
+def _link_bytes(a: argparse.Namespace, testbed: bool,
+                read: Callable[[], tuple[float, str] | None] | None = None) -> float:
+    """--link, else the testbed's, else the source host's route to the destinations
+    (``read``)."""
     if a.link is not None:
         bits = parse_link_rate(a.link)
         assert bits is not None
@@ -120,7 +127,39 @@ def _link_bytes(a: argparse.Namespace, testbed: bool) -> float:
         bits = topology.read_state().get("link_bits")
         if bits:
             return float(bits) / 8
-    raise UsageError("--link RATE is needed (the source's migration link, e.g. 1gbit)")
+    found = read() if read is not None else None
+    if found is not None:
+        if not a.quiet:
+            print(f"livemig: the migration link, read from the source host: "
+                  f"{found[0] * 8 / 1e6:.0f} Mbit/s ({found[1]})", file=sys.stderr, flush=True)
+        return found[0]
+    raise UsageError("--link RATE is needed (the source's migration link, e.g. 1gbit): "
+                     "it could not be read from this host's route to the destinations")
+
+
+def route_link(src: Any, names: list[str], dsts: list[str]) -> tuple[float, str] | None:
+    """The slowest of the routes from the source's QEMUs (one of ``names``' processes,
+    when they run on this host) to ``dsts``' hosts: their devices' speed or tbf/htb rate
+    (:mod:`livemig.engine.linkprobe`); None when any cannot be read."""
+    from livemig.engine.linkprobe import peer_of, source_link
+    from livemig.virt.sampling import local_pid
+
+    pid = None
+    for name in names:
+        with contextlib.suppress(Exception):  # a domain gone, or not on this host
+            pid = local_pid(src.lookupByName(name))
+        if pid is not None:
+            break
+    if pid is None:
+        return None
+    found = []
+    for u in dsts:
+        peer = peer_of(u)
+        link = source_link(pid, peer) if peer is not None else None
+        if link is None:
+            return None
+        found.append((link.rate, f"{link.source} to {peer}"))
+    return min(found)
 
 
 def cmd_evacuate(a: argparse.Namespace) -> int:
@@ -131,13 +170,13 @@ def cmd_evacuate(a: argparse.Namespace) -> int:
     only = _names(a.domains, "--domains")
     exclude = (_names(a.exclude, "--exclude") or []) if a.exclude else []
     testbed = all(testbed_side(u) is not None for u in [a.connect, *dsts])
-    link = _link_bytes(a, testbed)
     separate = a.links == "separate" or (a.links == "auto" and testbed)
     src = open_uri(a.connect, "the source")
     names = fleet.select(list(fleet.running_domains(src)), only, exclude)
     if not names:
         print("livemig: nothing to evacuate: no running domain selected on the source")
         return 0
+    link = _link_bytes(a, testbed, lambda: route_link(src, names, dsts))
     fixed = run.fixed_concurrency(a.scheduler)
     pool = None
     if not a.dry_run:
