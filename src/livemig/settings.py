@@ -153,7 +153,7 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
                                 "the migration link's rate for the encoding model, e.g. "
                                 "1gbit or 10gbit: auto (the testbed's link in lab runs, "
                                 "else the source host's route to the destination: its "
-                                "device's speed or tbf/htb rate, for a QEMU on this "
+                                "device's speed or tbf/netem/htb rate, for a QEMU on this "
                                 "host; else 10gbit; --bandwidth caps it)"),
     "sampler": LivemigSetting("auto", _choice("auto", "qemu", "procmem", "pmemsave", "xp",
                                                      "peek", "file"),

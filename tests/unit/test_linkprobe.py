@@ -61,6 +61,12 @@ def test_shaped_rate_tbf_and_htb() -> None:
                "class htb 1:20 root prio 0 rate 2Gbit ceil 2Gbit burst 1600b\n"
                "class htb 1:21 parent 1:20 prio 0 rate 1Mbit ceil 2Gbit burst 1600b\n")
     assert shaped_rate(htb, classes) == (300e6 / 8, "htb")
+    # iproute2's q_netem.c: the rate in its own object, bytes/s like tbf's
+    netem = ('[{"kind":"netem","handle":"8001:","root":true,"options":{"limit":1000,'
+             '"rate":{"rate":50000000,"packetoverhead":0,"cellsize":0,"celloverhead":0},'
+             '"ecn":false,"gap":0}}]')
+    assert shaped_rate(netem) == (50e6, "netem")
+    assert shaped_rate('[{"kind":"netem","root":true,"options":{"limit":1000}}]') is None
     # a qdisc that shapes nothing, a tbf below the root (not the device's rate), junk
     assert shaped_rate('[{"kind":"fq_codel","root":true,"options":{}}]') is None
     assert shaped_rate('[{"kind":"tbf","root":false,"options":{"rate":1000}}]') is None

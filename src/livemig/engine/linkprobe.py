@@ -7,8 +7,9 @@ can: the route from the source QEMU's network namespace to the destination leave
 through one device, whose rate is the lowest of
 
 - the device's speed (``ethtool``: what the NIC negotiated), and
-- a rate the host's traffic control puts on it: a root ``tbf`` qdisc, or the root
-  classes of an ``htb`` (the slowest of them: the one migration traffic may be in).
+- a rate the host's traffic control puts on it: a root ``tbf`` qdisc, a root
+  ``netem`` with a ``rate`` (how links are emulated), or the root classes of an
+  ``htb`` (the slowest of them: the one migration traffic may be in).
 
 Read with ``ip``/``ethtool``/``tc`` inside the QEMU's network namespace (``nsenter``),
 so only for a source QEMU on this host. What this cannot see: a slower hop further on
@@ -90,8 +91,9 @@ def device_speed(ethtool_out: str) -> float | None:
 
 
 def shaped_rate(qdisc_json: str, htb_classes: str = "") -> tuple[float, str] | None:
-    """Bytes/s a root ``tbf`` (``tc -j qdisc show``) or the slowest root ``htb`` class
-    (``tc class show``'s text: its JSON is not implemented for htb) lets through."""
+    """Bytes/s a root ``tbf`` or ``netem ... rate`` (``tc -j qdisc show``), or the
+    slowest root ``htb`` class (``tc class show``'s text: its JSON is not implemented
+    for htb) lets through."""
     try:
         qdiscs = json.loads(qdisc_json) if qdisc_json.strip() else []
     except ValueError:
@@ -103,6 +105,11 @@ def shaped_rate(qdisc_json: str, htb_classes: str = "") -> tuple[float, str] | N
             rate = (q.get("options") or {}).get("rate")
             if isinstance(rate, (int, float)) and rate > 0:
                 return float(rate), "tbf"
+        if q.get("kind") == "netem":
+            rate = ((q.get("options") or {}).get("rate") or {})
+            rate = rate.get("rate") if isinstance(rate, dict) else None
+            if isinstance(rate, (int, float)) and rate > 0:
+                return float(rate), "netem"
         if q.get("kind") == "htb":
             rates = [float(v) * _UNIT[u] / 8 for v, u in _HTB_ROOT.findall(htb_classes)]
             if rates:

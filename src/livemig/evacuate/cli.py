@@ -54,7 +54,7 @@ def register(sub: Any) -> None:
     e.add_argument("--link", help="rate of the source's migration link (e.g. 1gbit); "
                    "default: the testbed's, when the hosts are the testbed's, else "
                    "read from this host's route to the destinations (the device's "
-                   "speed or tbf/htb rate, when the source's QEMUs run here)")
+                   "speed or tbf/netem/htb rate, when the source's QEMUs run here)")
     e.add_argument("--links", choices=("auto", "shared", "separate"), default="auto",
                    help="shared: all destinations behind one link of --link; separate: "
                         "each destination its own path of --link; auto: separate on the "
@@ -139,7 +139,7 @@ def _link_bytes(a: argparse.Namespace, testbed: bool,
 
 def route_link(src: Any, names: list[str], dsts: list[str]) -> tuple[float, str] | None:
     """The slowest of the routes from the source's QEMUs (one of ``names``' processes,
-    when they run on this host) to ``dsts``' hosts: their devices' speed or tbf/htb rate
+    when they run on this host) to ``dsts``' hosts: their devices' speed or tbf/netem/htb rate
     (:mod:`livemig.engine.linkprobe`); None when any cannot be read."""
     from livemig.engine.linkprobe import peer_of, source_link
     from livemig.virt.sampling import local_pid
