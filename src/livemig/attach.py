@@ -149,7 +149,8 @@ async def run_attach(src_qmp: Path, dst_qmp: Path | None, plan: Plan, events: Ev
         dst_caps = {c["capability"] for c in await dst.cmd("query-migrate-capabilities")}
         adapted = await adapt(src, plan, Hints(scratch=gdir.parent,
                                                dst_switch=SWITCH_CAP in dst_caps,
-                                               idle=idle), events)
+                                               idle=idle,
+                                               dst_local=qemu_is_local(dst.pid)), events)
         plan = adapted.plan
         events.say(f"attached: source {src_qmp} (pid {src.pid}), destination "
                    f"{dst.socket_path} (pid {dst.pid}), {accel}; migrating to {plan.uri}")

@@ -6,6 +6,8 @@ import random
 import struct
 from collections.abc import Callable
 
+import pytest
+
 from livemig.policy.encoding import (
     DELTA_KEY,
     ENCODINGS,
@@ -191,6 +193,28 @@ def test_no_zstd_level_above_the_default_on_a_host_without_an_idle_cpu():
         assert busy.encoding == "zstd", busy.reason
         assert busy.applied()["multifd-zstd-level"] == "1", busy.reason
         assert "no level above the default" in busy.reason
+
+
+def test_a_destination_on_this_host_needs_its_share_of_the_idle_cpus():
+    """The same link-bound stream with idle CPUs that cover level 3's source CPU but
+    not also the destination's receive work: level 3 when the destination is another
+    host, level 1 when it shares this one (and the reason says why)."""
+    from livemig.policy.encoding import Estimate, level_cpu, one_level
+
+    def est(seconds: float, cpu: float) -> Estimate:
+        return Estimate(seconds, 300e6, 0.0, 50e6, 50e6, cpu * seconds)
+    ests = {"zstd": est(7.3, 0.45), "zstd-3": est(6.7, 0.65)}
+    assert level_cpu(ests, "zstd-3", False) == pytest.approx(0.65)
+    assert level_cpu(ests, "zstd-3", True) == pytest.approx(1.10)
+    assert set(one_level(ests, 0.75)) == {"zstd-3"}
+    assert set(one_level(ests, 0.75, dst_local=True)) == {"zstd"}
+    assert set(one_level(ests, 1.2, dst_local=True)) == {"zstd-3"}
+    pages = _mixed_pages(600)
+    pairs = list(zip(pages[:20], _mixed_pages(20), strict=True))
+    shared = choose(pairs, Context(link_rate=50e6, codecs=frozenset({"zstd", "plain"}),
+                                   idle_cpus=0.0, dst_local=True), pages=pages)
+    assert shared.applied()["multifd-zstd-level"] == "1", shared.reason
+    assert "with the destination on this host" in shared.reason
 
 
 def test_whole_random_pages_choose_plain():

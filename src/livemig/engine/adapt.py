@@ -93,6 +93,9 @@ class Hints:
     # the source host's idle CPUs, a meter the caller started early (None: not known,
     # and the model spends no CPU it cannot see: encoding.idle_covers)
     idle: IdleMeter | None = None
+    # the destination QEMU runs on this host (its receive work shares the idle CPUs a
+    # codec level above the default needs: encoding.level_cpu)
+    dst_local: bool = False
 
 
 # takes the sample and chooses (telling the run's event stream): the report's `encoding`
@@ -236,6 +239,7 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
                        "idle_cpus": ctx.idle_cpus,
                        "guest_ram": ctx.guest_ram, "codecs": sorted(ctx.codecs),
                        "delta": ctx.delta, "switch": ctx.switch,
+                       "dst_local": ctx.dst_local,
                        "auto_converge": ctx.auto_converge},
            "page_rates": {k: round(v) for k, v in choice.page_rates.items()}}
     then = choice.after_first_pass()
@@ -324,6 +328,7 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
                 bool(hints.dst_switch) and SWITCH_CAP not in plan.explicit
                 and await _has_switch(src)),
         tls=hints.tls if hints.tls is not None else plan.tls is not None,
+        dst_local=hints.dst_local,
         # read only for a choice (its wait is the user's): a set encoding takes no level
         idle_cpus=(await hints.idle.idle_cpus()
                    if hints.idle is not None and plan.livemig_setting("encoding") == "auto"

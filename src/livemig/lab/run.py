@@ -576,7 +576,8 @@ class LabRun(Hooks):
                       file_sampler=pagesample.FileSampler(self.src.config.mem_path),
                       scratch=self.run_dir,
                       tls=tls_creds.enabled(o.tls, one_host=not o.testbed),
-                      idle=idlecpu.local())
+                      idle=idlecpu.local(),
+                      dst_local=True)  # both QEMUs of a lab run share this host
         self.adapted = await adapt(self.src.endpoint, self.plan, hints, self.events)
         self.encoding = self.adapted.encoding
 

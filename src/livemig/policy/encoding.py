@@ -119,6 +119,9 @@ class Context:
     # cores' worth of CPU the source host left idle, measured just before (None: not
     # measured): a codec level that buys bytes with CPU needs it (idle_covers)
     idle_cpus: float | None = None
+    # the destination QEMU runs on this host too (attach to local sockets, the lab, a
+    # testbed domain): its receive work comes out of the same idle CPUs
+    dst_local: bool = False
 
 
 @dataclass(frozen=True)
@@ -406,16 +409,18 @@ def estimate_xbzrle_auto_converge(changed_share: float, curve: DirtyCurve,
                     whole_bytes / plain.speed + (run.page_bytes - whole_bytes) / delta.speed)
 
 
-def one_level(est: dict[str, Estimate], idle_cpus: float | None = None) -> dict[str, Estimate]:
+def one_level(est: dict[str, Estimate], idle_cpus: float | None = None,
+              dst_local: bool = False) -> dict[str, Estimate]:
     """``est`` with one level of each codec: another level than the default only when
     it scores ``LEVEL_GAIN`` better (the levels differ only in the ratio and speed
     measured on the same pages, so the model compares them directly, not with
     :func:`pick`'s ties, which would give the default level's lower CPU the choice),
-    and only when the source host's idle CPUs cover it (:func:`idle_covers`)."""
+    and only when the source host's idle CPUs cover it (:func:`idle_covers`), beside
+    the destination's share when it runs on this host too (:func:`level_cpu`)."""
     out = dict(est)
     for name, (codec, _) in LEVELS.items():
         if name in out and codec in out:
-            if idle_covers(out[name], idle_cpus) \
+            if idle_covers(out[name], idle_cpus, level_cpu(out, name, dst_local)) \
                     and out[name].score < (1 - LEVEL_GAIN) * out[codec].score:
                 del out[codec]
             else:
@@ -428,9 +433,25 @@ def mean_cpu(e: Estimate) -> float:
     return e.cpu_seconds / max(e.seconds, 1e-9)
 
 
-def idle_covers(e: Estimate, idle_cpus: float | None) -> bool:
-    """The host's idle CPUs (None: not measured) cover ``e``'s mean CPU."""
-    return idle_cpus is not None and idle_cpus >= mean_cpu(e)
+def level_cpu(est: dict[str, Estimate], name: str, dst_local: bool) -> float:
+    """CPUs the host needs for level ``name`` of a codec: its stream's mean CPU, plus,
+    when the destination QEMU shares the host, the destination's receive work, taken as
+    at least what the default level's stream costs the source. Measured on this 2-core
+    host with both QEMUs on it (docs/results/handstarted-2026-11-29b): a destination
+    used 1.8-2.1 CPU-s per 1 GiB migration on one day, 0.5-0.6 on another, and zstd
+    level 3 was slower than level 1 in all 3 pairs where only the source's CPU was
+    counted (0.56-0.82 CPUs read idle, 0.63-0.68 needed)."""
+    need = mean_cpu(est[name])
+    codec = LEVELS[name][0] if name in LEVELS else None
+    if dst_local and codec is not None and codec in est:
+        need += mean_cpu(est[codec])
+    return need
+
+
+def idle_covers(e: Estimate, idle_cpus: float | None, need: float | None = None) -> bool:
+    """The host's idle CPUs (None: not measured) cover ``need`` (default: ``e``'s mean
+    CPU)."""
+    return idle_cpus is not None and idle_cpus >= (mean_cpu(e) if need is None else need)
 
 
 def pick(est: dict[str, Estimate]) -> str:
@@ -631,7 +652,7 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
         est["xbzrle"] = (estimate_xbzrle_auto_converge(share, curve, ctx)
                          if curve is not None
                          else estimate_xbzrle(share, nonzero, dirty_rate, ctx))
-    name = pick(one_level(est, ctx.idle_cpus))
+    name = pick(one_level(est, ctx.idle_cpus, ctx.dst_local))
     link = f"{(ctx.link_rate or UNSHAPED) * 8 / 1e6:.0f} Mbit/s"
     if ctx.link_from:
         link += f" ({ctx.link_from})"
@@ -651,13 +672,15 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     reason = (f"{facts}; modelled{how} at {link} and {ctx.cpus:g} CPU{idle} for "
               f"{nonzero / 2**20:.0f} MiB non-zero, {dirty_rate / 2**20:.0f} MiB/s dirtied"
               f"{shape}: {why}")
-    short = [n for n in LEVELS if n in est and not idle_covers(est[n], ctx.idle_cpus)]
+    needs = {n: level_cpu(est, n, ctx.dst_local) for n in LEVELS if n in est}
+    short = [n for n, c in needs.items() if not idle_covers(est[n], ctx.idle_cpus, c)]
     if short:
         seen = ("no idle CPUs measured" if ctx.idle_cpus is None
                 else f"{ctx.idle_cpus:g} CPUs idle")
-        need = max(mean_cpu(est[n]) for n in short)
+        need = max(needs[n] for n in short)
+        beside = " with the destination on this host" if ctx.dst_local else ""
         reason += (f"; no level above the default: {seen} on the source host, under the "
-                   f"{need:.2f} {'/'.join(short)} would use")
+                   f"{need:.2f} {'/'.join(short)} would use{beside}")
     if DELTA_KEY in ENCODINGS[name]:  # re-sent pages as deltas: the cache for them
         cache = delta_cache(ctx)
         settings[DELTA_KEY] = f"{cache >> 20}M"

@@ -64,6 +64,16 @@ def message(e: Exception) -> str:
     return " ".join(str(text or e).split())
 
 
+def on_this_host(uri: str) -> bool:
+    """The daemon ``uri`` names runs on this machine: a URI without a host
+    (``qemu:///system``, ``qemu+unix://``) or one of the testbed's daemons."""
+    try:
+        host = urllib.parse.urlsplit(uri).hostname
+    except ValueError:
+        return False
+    return not host or testbed_side(uri) is not None
+
+
 def testbed_side(uri: str) -> str | None:
     """``src``/``dst`` when ``uri`` names one of the testbed's daemons and it is up."""
     try:

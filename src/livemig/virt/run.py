@@ -39,7 +39,15 @@ from livemig.idlecpu import IdleMeter
 from livemig.progress import Progress
 from livemig.virt import hold, journal, qmp
 from livemig.virt.actuator import IoDevice, LibvirtActuator, io_devices
-from livemig.virt.conn import LibvirtError, find, libvirt_module, lookup, message, open_uri
+from livemig.virt.conn import (
+    LibvirtError,
+    find,
+    libvirt_module,
+    lookup,
+    message,
+    on_this_host,
+    open_uri,
+)
 from livemig.virt.facts import (
     DiskEnds,
     NbdEnds,
@@ -288,7 +296,8 @@ class DomainMigration:
         events = EventStream(self.run.t0)
         events.subscribe(progress_listener(self.progress))
         adapted = adapt_domain(self.dom, self.src_conn, first, events, o.request.tls,
-                               self.idle, peer_of(o.request.migrate_uri or o.dst_uri))
+                               self.idle, peer_of(o.request.migrate_uri or o.dst_uri),
+                               dst_local=on_this_host(o.dst_uri))
         self.run.events.extend(events.log)
         self.run.encoding = adapted.encoding
         self.deferred = adapted.deferred

@@ -156,12 +156,13 @@ def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
 
 def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream,
                  tls: bool = False, idle: IdleMeter | None = None,
-                 peer: str | None = None) -> Adapted:
+                 peer: str | None = None, dst_local: bool = False) -> Adapted:
     """The second plan for ``dom`` (sync: libvirt runs are); ``idle``: the source
     host's idle-CPU meter, started when the run connected (else now); ``peer``: the
-    destination host."""
+    destination host; ``dst_local``: its daemon runs on this host."""
     hints = host_hints(conn, dom, tls, idle if idle is not None else node_meter(conn),
                        peer)
+    hints = dataclasses.replace(hints, dst_local=dst_local)
     auto = (plan.livemig_setting("encoding") == "auto"
             and plan.livemig_setting("sampler") == "auto")
     reuse = given_sample(str(dom.name()), events) if auto else None  # else unused
