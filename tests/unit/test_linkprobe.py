@@ -34,6 +34,7 @@ from livemig.engine.plan import Plan
     ("exec:cat > /dev/null", None),
     ("qemu:///system", None),
     ("tcp:fd00::2:4444", None),  # QEMU wants the brackets
+    ("qemu+tcp://[fd00::2/system", None),  # malformed: no traceback
     ("", None),
 ])
 def test_peer_of(uri: str, peer: str | None) -> None:

@@ -45,7 +45,10 @@ def peer_of(uri: str) -> str | None:
     ``rdma:HOST:PORT``) or a libvirt URI (``qemu+tcp://HOST/system``); None for a
     unix socket, ``exec:``, a URI without a host."""
     if "://" in uri:
-        host = urllib.parse.urlsplit(uri).hostname
+        try:
+            host = urllib.parse.urlsplit(uri).hostname
+        except ValueError:  # an unclosed IPv6 bracket
+            return None
         return host or None
     scheme, _, rest = uri.partition(":")
     if scheme not in ("tcp", "rdma") or not rest:
