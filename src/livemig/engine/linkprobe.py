@@ -24,9 +24,10 @@ import ipaddress
 import json
 import re
 import socket
-import subprocess
 import urllib.parse
 from dataclasses import dataclass
+
+from livemig.engine.sockstat import in_netns
 
 TOOL_TIMEOUT_S = 3.0
 _SPEED = re.compile(r"^\s*Speed:\s*(\d+)\s*Mb/s", re.M)
@@ -59,12 +60,7 @@ def peer_of(uri: str) -> str | None:
 
 
 def _run(pid: int, *argv: str) -> str | None:
-    try:
-        out = subprocess.run(["nsenter", "-t", str(pid), "-n", *argv], capture_output=True,
-                             text=True, timeout=TOOL_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
+    return in_netns(pid, *argv, timeout=TOOL_TIMEOUT_S)
 
 
 def _address(host: str) -> str | None:

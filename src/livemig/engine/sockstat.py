@@ -65,17 +65,22 @@ def parse_state(ss_output: str) -> LinkState | None:
     return LinkState(acked, pending, freshest) if found else None
 
 
+def in_netns(pid: int, *argv: str, timeout: float = SS_TIMEOUT_S) -> str | None:
+    """The output of ``argv`` run in ``pid``'s network namespace (``nsenter``); None
+    when it cannot run or fails (no such process, no tool, no permission)."""
+    try:
+        out = subprocess.run(["nsenter", "-t", str(pid), "-n", *argv], capture_output=True,
+                             text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
 def link_state(pid: int, port: int) -> LinkState | None:
     """The state of ``pid``'s network namespace's connections to ``port``; None
     when that cannot be read (no such process, no tool, no connection)."""
-    try:
-        out = subprocess.run(
-            ["nsenter", "-t", str(pid), "-n", "ss", "-tinH", "state", "connected",
-             f"( dport = :{port} )"], capture_output=True, text=True, timeout=SS_TIMEOUT_S,
-            check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_state(out.stdout) if out.returncode == 0 else None
+    out = in_netns(pid, "ss", "-tinH", "state", "connected", f"( dport = :{port} )")
+    return parse_state(out) if out is not None else None
 
 
 def tcp_port(uri: str) -> int | None:

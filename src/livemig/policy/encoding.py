@@ -442,8 +442,8 @@ def level_cpu(est: dict[str, Estimate], name: str, dst_local: bool) -> float:
     level 3 was slower than level 1 in all 3 pairs where only the source's CPU was
     counted (0.56-0.82 CPUs read idle, 0.63-0.68 needed)."""
     need = mean_cpu(est[name])
-    codec = LEVELS[name][0] if name in LEVELS else None
-    if dst_local and codec is not None and codec in est:
+    codec = LEVELS[name][0]
+    if dst_local and codec in est:
         need += mean_cpu(est[codec])
     return need
 

@@ -127,16 +127,15 @@ def node_meter(conn: Any) -> IdleMeter:
 
 
 def host_hints(conn: Any, dom: Any, tls: bool = False,
-               idle: IdleMeter | None = None, peer: str | None = None) -> Hints:
+               idle: IdleMeter | None = None) -> Hints:
     """The source host's CPUs beside the domain's vCPUs, its idle CPUs (``idle``, a
     meter started earlier; None: not read) and its free memory; ``tls``: the stream
-    goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte; ``peer``:
-    the destination host (the link's rate is read from the route to it)."""
+    goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte."""
     cpus = int(conn.getInfo()[2])
     vcpus = int(dom.info()[3])
     return Hints(cpus=max(0.5, min(2.0, float(cpus - vcpus))),
                  host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls,
-                 idle=idle, local_pid=lambda: local_pid(dom), peer=peer)
+                 idle=idle, local_pid=lambda: local_pid(dom))
 
 
 def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
@@ -159,16 +158,14 @@ def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream,
                  peer: str | None = None, dst_local: bool = False) -> Adapted:
     """The second plan for ``dom`` (sync: libvirt runs are); ``idle``: the source
     host's idle-CPU meter, started when the run connected (else now); ``peer``: the
-    destination host; ``dst_local``: its daemon runs on this host."""
-    hints = host_hints(conn, dom, tls, idle if idle is not None else node_meter(conn),
-                       peer)
-    hints = dataclasses.replace(hints, dst_local=dst_local)
+    destination host (the link's rate is read from the route to it); ``dst_local``:
+    its daemon runs on this host."""
     auto = (plan.livemig_setting("encoding") == "auto"
             and plan.livemig_setting("sampler") == "auto")
     reuse = given_sample(str(dom.name()), events) if auto else None  # else unused
-    if reuse is not None:
-        hints = dataclasses.replace(hints, given=reuse)
     # the destination QEMU libvirt starts gets x-multifd-compression-switch by -global
     # (virt/plan.py) when the source has it: the same build at both ends, as for lz4
-    hints = dataclasses.replace(hints, dst_switch=True)
+    hints = dataclasses.replace(
+        host_hints(conn, dom, tls, idle if idle is not None else node_meter(conn)),
+        peer=peer, dst_local=dst_local, given=reuse, dst_switch=True)
     return asyncio.run(adapt(DomainEnd(dom), plan, hints, events))
