@@ -626,6 +626,11 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(a.verbose, 2),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    if not a.verbose:
+        # qemu.qmp logs every refused connection attempt as an ERROR (a stale socket
+        # path gave ~200 lines before livemig's own one-line error); livemig reports
+        # what matters, -v shows the library's log
+        logging.getLogger("qemu.qmp").setLevel(logging.CRITICAL)
     handlers = {"migrate": cmd_migrate, "bench": cmd_bench, "settings": cmd_settings,
                 "verify": cmd_verify}
     try:

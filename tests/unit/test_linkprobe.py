@@ -75,7 +75,8 @@ def test_shaped_rate_tbf_and_htb() -> None:
 
 
 def _link(plan: Plan, hints: Hints, found: Link | None = None,
-          monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[float | None, str]:
+          monkeypatch: pytest.MonkeyPatch | None = None,
+          params: dict[str, Any] | None = None) -> tuple[float | None, str]:
     def probe(pid: int, peer: str) -> Link | None:
         assert (pid, peer) == (4242, "10.77.0.2")
         return found
@@ -83,7 +84,7 @@ def _link(plan: Plan, hints: Hints, found: Link | None = None,
     monkeypatch.setattr(adapt, "source_link", probe)
     monkeypatch.setattr(adapt, "qemu_is_local", lambda pid: pid is not None)
     src: Any = SimpleNamespace(pid=4242)
-    return asyncio.run(adapt.link_rate(src, plan, hints))
+    return asyncio.run(adapt.link_rate(src, plan, hints, params))
 
 
 def test_link_rate_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,6 +105,31 @@ def test_link_rate_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _link(capped, Hints(), tbf, monkeypatch) == (1e6, "--bandwidth")
     wide = Plan(plan.uri, profile="livemig", bandwidth=100_000_000).validate()
     assert _link(wide, Hints(), tbf, monkeypatch) == (12.5e6, "tbf on mig0")
+
+
+def test_qemu_max_bandwidth_caps_the_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --bandwidth the source QEMU's max-bandwidth is the stream's cap (QEMU's
+    default 128 MiB/s unless somebody set it); libvirt sets its own, so not there."""
+    plan = Plan("tcp:10.77.0.2:4444", profile="livemig").validate()
+    default = {"max-bandwidth": adapt.QEMU_DEFAULT_CAP}
+    link, why = _link(plan, Hints(), None, monkeypatch, default)
+    assert link == 128 << 20
+    assert "QEMU's max-bandwidth" in why and "QEMU's default" in why and "--bandwidth" in why
+    tbf = Link(12.5e6, "tbf on mig0")  # a slower link than the cap: the link
+    assert _link(plan, Hints(), tbf, monkeypatch, default) == (12.5e6, "tbf on mig0")
+    ten = Link(1.25e9, "speed of mig0")  # a faster one: the cap
+    assert _link(plan, Hints(), ten, monkeypatch, default)[0] == 128 << 20
+    set_by_user = _link(plan, Hints(), ten, monkeypatch, {"max-bandwidth": 300 << 20})
+    assert set_by_user[0] == 300 << 20 and "QEMU's default" not in set_by_user[1]
+    # --bandwidth is what livemig sets on QEMU: it replaces the cap, up or down
+    wide = Plan(plan.uri, profile="livemig", bandwidth=1_000_000_000).validate()
+    assert _link(wide, Hints(), ten, monkeypatch, default) == (1e9, "--bandwidth")
+    # libvirt: its own max-bandwidth at the call, not what QEMU has now
+    assert _link(plan, Hints(qemu_cap=False), ten, monkeypatch, default) \
+        == (1.25e9, "speed of mig0")
+    # nothing readable or no cap: as before
+    assert _link(plan, Hints(), ten, monkeypatch, {"max-bandwidth": 0})[0] == 1.25e9
+    assert _link(plan, Hints(), ten, monkeypatch, {})[0] == 1.25e9
 
 
 def test_link_rate_peer_from_hints(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -78,10 +77,6 @@ def register(sub: Any) -> None:
 
 
 def cmd_upgrade(a: argparse.Namespace) -> int:
-    if not getattr(a, "verbose", 0):
-        # qemu.qmp logs the connections that are expected to fail while the new QEMU
-        # starts (or the old image execs) as errors; livemig reports what matters
-        logging.getLogger("qemu.qmp").setLevel(logging.CRITICAL)
     if a.recover:
         return _recover()
     if a.to_qemu is None:

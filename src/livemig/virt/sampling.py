@@ -135,7 +135,7 @@ def host_hints(conn: Any, dom: Any, tls: bool = False,
     vcpus = int(dom.info()[3])
     return Hints(cpus=max(0.5, min(2.0, float(cpus - vcpus))),
                  host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls,
-                 idle=idle, local_pid=lambda: local_pid(dom))
+                 idle=idle, local_pid=lambda: local_pid(dom), qemu_cap=False)
 
 
 def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
