@@ -435,9 +435,11 @@ def one_run(family: str, config: str, repeat: int, a: argparse.Namespace,
     procs: list[subprocess.Popen[bytes]] = []
     src_agent, dst_agent = Agent(d / "src.agent"), Agent(d / "dst.agent")
     try:
-        procs.append(start_qemu(d, "src", workload, memory=a.memory, qemu=qemu))
+        procs.append(start_qemu(d, "src", workload, memory=a.memory, qemu=qemu,
+                                machine_type=a.machine, vcpus=a.vcpus))
         procs.append(start_qemu(d, "dst", workload, incoming=True, paused=True,
-                                memory=a.memory, qemu=qemu))
+                                memory=a.memory, qemu=qemu, machine_type=a.machine,
+                                vcpus=a.vcpus))
         src_agent.start()
         dst_agent.start()
         t_ready = wait_ready(src_agent, procs, d / "src.console")
@@ -445,7 +447,8 @@ def one_run(family: str, config: str, repeat: int, a: argparse.Namespace,
         port = free_port()
         argv = [sys.executable, "-m", "livemig.cli", "migrate",
                 "--src-qmp", str(d / "src.qmp"), "--dst-qmp", str(d / "dst.qmp"),
-                "--uri", f"tcp:127.0.0.1:{port}", "--bandwidth", a.bandwidth,
+                "--uri", f"tcp:127.0.0.1:{port}",
+                *(() if a.bandwidth == "none" else ("--bandwidth", a.bandwidth)),
                 "--profile", profile, "--max-time", str(a.max_time),
                 "--report", str(report_path), "-q"]
         if profile == "livemig":  # an ablation: livemig with some of its settings changed
@@ -471,6 +474,7 @@ def one_run(family: str, config: str, repeat: int, a: argparse.Namespace,
         return {"family": family, "config": config, "repeat": repeat, "profile": profile,
                 "qemu": str(qemu), "binary": "unpatched" if on_stock else "patched",
                 "workload": workload, "memory": a.memory, "bandwidth": a.bandwidth,
+                "machine": a.machine, "vcpus": a.vcpus,
                 "livemig_exit": rc, "argv": argv,
                 "started": datetime.datetime.fromtimestamp(t_launch, datetime.UTC).isoformat(),
                 "report": report_path.name, "spec_rate": spec_rate,
@@ -579,7 +583,11 @@ def family_markdown(family: str, summary: dict[str, dict[str, Any]],
     base = best_stock(summary)
     first = runs[0]
     lines = [f"### {family}: {desc}", "",
-             f"`{workload}`, {first['memory']} guest, `--bandwidth {first['bandwidth']}`, "
+             f"`{workload}`, {first['memory']} guest ({first.get('machine', 'q35')}, "
+             f"{first.get('vcpus', 1)} vCPU), "
+             + ("no `--bandwidth` (QEMU's own max-bandwidth)"
+                if first['bandwidth'] == "none" else f"`--bandwidth {first['bandwidth']}`")
+             + ", "
              f"loopback, {max(r['repeat'] for r in runs)} interleaved repeat(s); medians of "
              "completed runs; ratios against the best stock configuration"
              + (f" (`{base}`)" if base else " (none completed)") + ".", "",
@@ -712,8 +720,11 @@ def check(a: argparse.Namespace, configs: list[str]) -> None:
     for path, make in need.items():
         if not Path(path).exists():
             raise UsageError(f"{path} missing: run '{make}'")
-    parse_size(a.bandwidth, "--bandwidth")
+    if a.bandwidth != "none":
+        parse_size(a.bandwidth, "--bandwidth")
     parse_size(a.memory, "--memory")
+    if a.vcpus < 1:
+        raise UsageError("--vcpus must be at least 1")
     if os.geteuid() != 0:
         raise UsageError("run as root (livemig's attach path keeps its state in /run)")
     # the guests are ours alone: no lab, no testbed code may have been loaded
@@ -756,8 +767,11 @@ def main() -> int:
                     "(--set K=V); give the runs their own --out")
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                     help=f"comma-separated, of {', '.join(CONFIGS)}")
-    ap.add_argument("--bandwidth", default="50M")
+    ap.add_argument("--bandwidth", default="50M",
+                    help="livemig's --bandwidth; none: not given (QEMU's own max-bandwidth)")
     ap.add_argument("--memory", default="1G")
+    ap.add_argument("--vcpus", type=int, default=1)
+    ap.add_argument("--machine", default="q35", help="QEMU's machine type (q35, pc)")
     ap.add_argument("--warmup", type=float, default=WARMUP_S,
                     help="seconds of the workload before the migration; its normal rate "
                     f"is measured over all but the first {RAMP_S:g} s")

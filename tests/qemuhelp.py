@@ -18,17 +18,18 @@ from conftest import INITRD, KERNEL, QEMU
 def start_qemu(d: Path, name: str, workload: str, incoming: bool = False,
                paused: bool = False, memory: str = "256M", qemu: Path | None = None,
                mem_file: Path | None = None,
-               extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+               extra: list[str] | None = None, machine_type: str = "q35",
+               vcpus: int = 1) -> subprocess.Popen[bytes]:
     """A minimal QEMU command line: anonymous RAM (or ``mem_file``, shared), the lab's
     kernel/initrd, the guest agent's port on a socket the test can read (nobody else
     connects to it); ``extra`` arguments at the end."""
-    machine = ["-machine", "q35"]
+    machine = ["-machine", machine_type]
     if mem_file is not None:
-        machine = ["-machine", "q35,memory-backend=ram0", "-object",
+        machine = ["-machine", f"{machine_type},memory-backend=ram0", "-object",
                    f"memory-backend-file,id=ram0,size={memory},mem-path={mem_file},share=on"]
     argv = [str(qemu or QEMU), "-L", "/usr/share/seabios", "-L", "/usr/share/qemu",
             "-nodefaults", "-no-user-config", "-display", "none", "-accel", "tcg",
-            *machine, "-m", memory, "-smp", "1",
+            *machine, "-m", memory, "-smp", str(vcpus),
             "-kernel", str(KERNEL), "-initrd", str(INITRD),
             "-append", f"console=ttyS0 quiet livemig.workload={workload}",
             "-serial", f"file:{d / name}.console",
