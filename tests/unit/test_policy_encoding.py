@@ -358,3 +358,19 @@ def test_a_cpu_bound_busy_database_keeps_lz4_for_its_first_pass():
     c = _busy_database(40e9, switch=True, cpus=0.5, page=_mixed_page)
     assert c.encoding == "lz4-delta", c.reason
     assert "zstd+delta" in c.reason  # modelled, and slower
+
+
+def test_migration_cpus_counts_the_channels_share_among_busy_vcpus() -> None:
+    """The cores the vCPUs leave free; where they leave none, the share the scheduler
+    gives the two channels' threads among the vCPUs' (up to one CPU), at least half a
+    CPU, at most the channels."""
+    from livemig.policy.encoding import migration_cpus
+    assert migration_cpus(1, 2) == 1.0  # the lab's guest: one core free, as before
+    assert migration_cpus(2, 2) == 1.0  # 4 runnable threads on 2 cores: 2 × 0.5
+    assert migration_cpus(4, 2) == pytest.approx(2 * 2 / 6)
+    assert migration_cpus(16, 2) == 0.5  # the floor
+    assert migration_cpus(8, 64) == 2.0  # the channels' own ceiling
+    # more vCPUs never give the stream more CPU
+    for host in (1, 2, 4, 8, 16):
+        shares = [migration_cpus(v, host) for v in range(1, 40)]
+        assert shares == sorted(shares, reverse=True), host

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -109,6 +110,10 @@ def test_attach_migrates_verifies_resumes_and_restores(pair, tmp_path):
         # first pass, which zstd sent keeping the delta cache
         enc = rep["encoding"]
         assert enc["started_with"] == "zstd" and "switched" in enc, enc
+        # no --bandwidth, a loopback URI (no link to read): the stream's cap is the
+        # source QEMU's own max-bandwidth, as it is (QEMU's default here)
+        assert enc["context"]["link_from"].startswith("capped by QEMU's max-bandwidth"), enc
+        assert enc["context"]["link_rate"] == params_before["max-bandwidth"], enc
         start = next(e for e in rep["events"] if e["event"] == "encoding deferred")
         assert start["applied"][DELTA_KEY] != "0", start
         assert rep["settings"]["capabilities"]["x-multifd-compression-switch"] is True
@@ -160,6 +165,16 @@ def test_attach_bad_socket_is_one_line_exit_2(tmp_path):
     proc = subprocess.run(livemig_cmd("migrate", "--src-qmp", "/dev/null", "--uri", "x"),
                           capture_output=True, text=True, timeout=60)
     assert "missing --dst-qmp" in _one_line_error(proc)
+    # a socket nobody listens on (a QEMU that quit): one line too, not qemu.qmp's log
+    # of every refused attempt
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(tmp_path / "stale.qmp"))
+    stale.close()
+    proc = subprocess.run(livemig_cmd("migrate", "--src-qmp", str(tmp_path / "stale.qmp"),
+                                      "--dst-qmp", str(tmp_path / "stale.qmp"),
+                                      "--uri", "tcp:127.0.0.1:4444"),
+                          capture_output=True, text=True, timeout=60)
+    assert "cannot connect to QMP" in _one_line_error(proc)
 
 
 def test_attach_refuses_destination_not_incoming_and_touches_nothing(pair, tmp_path):

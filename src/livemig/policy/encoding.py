@@ -79,7 +79,8 @@ XBZRLE_OVERHEAD = 0.004
 # a --set of any of these: no automatic choice
 KEYS = frozenset({"xbzrle", "xbzrle-cache-size", "multifd", "multifd-channels",
                   "multifd-compression", "multifd-zstd-level", DELTA_KEY})
-_MULTIFD = {"multifd": "on", "multifd-channels": "2", "xbzrle": "off"}
+CHANNELS = 2  # multifd channels of every multifd encoding
+_MULTIFD = {"multifd": "on", "multifd-channels": str(CHANNELS), "xbzrle": "off"}
 ENCODINGS: dict[str, dict[str, str]] = {
     "xbzrle": {"xbzrle": "on", "xbzrle-cache-size": "256M", "multifd": "off"},
     "zstd": {**_MULTIFD, "multifd-compression": "zstd", "multifd-zstd-level": "1"},
@@ -714,8 +715,15 @@ def host_available() -> int | None:
     return None
 
 
-def migration_cpus(vcpus: int) -> float:
-    """Host CPUs left to the migration threads beside ``vcpus`` busy vCPUs (at least
-    half of one), at most the two multifd channels."""
-    cpus = len(os.sched_getaffinity(0))
-    return max(0.5, min(2.0, float(cpus - vcpus)))
+def migration_cpus(vcpus: int, host_cpus: int | None = None) -> float:
+    """Host CPUs the migration threads get beside ``vcpus`` busy vCPUs on ``host_cpus``
+    (default: this process's), at most the multifd channels: the cores the vCPUs leave
+    free, and where they leave none, the share the scheduler gives the channels'
+    threads among the vCPUs' (each runnable thread an equal share), counted up to one
+    CPU. A hand-started 6 GiB guest with 2 vCPUs on this 2-core host was modelled at
+    half a CPU, zstd at 0.7× plain's page rate under QEMU's 128 MiB/s cap, and got
+    plain pages; stock's zstd moved 1.4× plain's pages through the same cap in the
+    same time, for half the bytes (docs/results/handstarted-2026-11-29d)."""
+    cpus = len(os.sched_getaffinity(0)) if host_cpus is None else host_cpus
+    share = min(1.0, CHANNELS * cpus / (CHANNELS + vcpus))
+    return max(0.5, min(float(CHANNELS), max(float(cpus - vcpus), share)))

@@ -25,6 +25,7 @@ from livemig.engine.adapt import Adapted, Hints, adapt
 from livemig.engine.events import EventStream
 from livemig.engine.plan import Plan
 from livemig.idlecpu import Counters, IdleMeter, Reader
+from livemig.policy import encoding
 from livemig.sampling import given
 from livemig.sampling.readers import status_field
 from livemig.virt import qmp
@@ -133,7 +134,7 @@ def host_hints(conn: Any, dom: Any, tls: bool = False,
     goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte."""
     cpus = int(conn.getInfo()[2])
     vcpus = int(dom.info()[3])
-    return Hints(cpus=max(0.5, min(2.0, float(cpus - vcpus))),
+    return Hints(cpus=encoding.migration_cpus(vcpus, cpus),
                  host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls,
                  idle=idle, local_pid=lambda: local_pid(dom), qemu_cap=False)
 
