@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from livemig.policy import encoding
 from livemig.policy.encoding import (
     DELTA_KEY,
     ENCODINGS,
@@ -351,10 +352,21 @@ def test_a_busy_database_on_a_slow_link_gets_a_zstd_first_pass_then_lz4_deltas()
     assert "zstd+delta" not in plain.reason  # not modelled where it cannot run
 
 
-def test_a_cpu_bound_busy_database_keeps_lz4_for_its_first_pass():
+def test_a_cpu_bound_busy_database_keeps_lz4_for_its_first_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """On a link faster than one CPU compresses zstd, lz4's speed decides the first
     pass (pages of mixed entropy, where zstd is several times slower): lz4-delta
-    from the start, as without the switch."""
+    from the start, as without the switch. The ratios are measured; the speeds are a
+    quiet host's (this CPU-bound case compares them with plain's constant, and a
+    host busy beside the test measured lz4 at a fifth of its speed and chose plain)."""
+    measure = encoding.measure_codecs
+    quiet = {"lz4": 1.5e9, "zstd": 0.45e9, "zstd-3": 0.25e9}
+
+    def at_quiet_speeds(pages: list[bytes], names: frozenset[str],
+                        min_time: float = 0.005) -> dict[str, Codec]:
+        return {n: Codec(c.ratio, quiet.get(n, c.speed))
+                for n, c in measure(pages, names, min_time).items()}
+    monkeypatch.setattr(encoding, "measure_codecs", at_quiet_speeds)
     c = _busy_database(40e9, switch=True, cpus=0.5, page=_mixed_page)
     assert c.encoding == "lz4-delta", c.reason
     assert "zstd+delta" in c.reason  # modelled, and slower
