@@ -382,7 +382,11 @@ def test_migration_cpus_counts_the_channels_share_among_busy_vcpus() -> None:
     assert migration_cpus(4, 2) == pytest.approx(2 * 2 / 6)
     assert migration_cpus(16, 2) == 0.5  # the floor
     assert migration_cpus(8, 64) == 2.0  # the channels' own ceiling
+    # the destination on this host: its receiving channels' threads share the cores too
+    assert migration_cpus(2, 2, dst_local=True) == pytest.approx(2 * 2 / 6)
+    assert migration_cpus(1, 2, dst_local=True) == 1.0  # the lab's: the free core
     # more vCPUs never give the stream more CPU
     for host in (1, 2, 4, 8, 16):
-        shares = [migration_cpus(v, host) for v in range(1, 40)]
-        assert shares == sorted(shares, reverse=True), host
+        for local in (False, True):
+            shares = [migration_cpus(v, host, local) for v in range(1, 40)]
+            assert shares == sorted(shares, reverse=True), host

@@ -322,7 +322,8 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
     return encoding.Context(
         link_rate=link,
         link_from=link_from,
-        cpus=hints.cpus if hints.cpus is not None else encoding.migration_cpus(vcpus),
+        cpus=(hints.cpus if hints.cpus is not None
+              else encoding.migration_cpus(vcpus, dst_local=hints.dst_local)),
         guest_ram=ram or (1 << 30),
         host_available=(hints.host_available if hints.host_available is not None
                         else encoding.host_available()),

@@ -715,15 +715,23 @@ def host_available() -> int | None:
     return None
 
 
-def migration_cpus(vcpus: int, host_cpus: int | None = None) -> float:
+def migration_cpus(vcpus: int, host_cpus: int | None = None,
+                   dst_local: bool = False) -> float:
     """Host CPUs the migration threads get beside ``vcpus`` busy vCPUs on ``host_cpus``
     (default: this process's), at most the multifd channels: the cores the vCPUs leave
     free, and where they leave none, the share the scheduler gives the channels'
-    threads among the vCPUs' (each runnable thread an equal share), counted up to one
-    CPU. A hand-started 6 GiB guest with 2 vCPUs on this 2-core host was modelled at
-    half a CPU, zstd at 0.7× plain's page rate under QEMU's 128 MiB/s cap, and got
-    plain pages; stock's zstd moved 1.4× plain's pages through the same cap in the
-    same time, for half the bytes (docs/results/handstarted-2026-11-29d)."""
+    threads among the vCPUs' and, with the destination QEMU on this host
+    (``dst_local``), its receiving channels' (each runnable thread an equal share),
+    counted up to one CPU.
+
+    On this 2-core host a hand-started 6 GiB guest with 2 vCPUs, migrated to a QEMU on
+    the same host under QEMU's 128 MiB/s cap, moved 176-185 MiB/s of pages with stock's
+    zstd: the 0.67 CPU this gives at the sampled zstd speed. Counted at half a CPU
+    (host CPUs minus vCPUs, floored), zstd looked slower than plain pages and stock
+    livemig sent plain, twice the bytes; counted at one, zstd+delta looked faster than
+    lz4-delta and the patched build took 18-20 s where lz4-delta took 15-18 s
+    (docs/results/handstarted-2026-11-29d)."""
     cpus = len(os.sched_getaffinity(0)) if host_cpus is None else host_cpus
-    share = min(1.0, CHANNELS * cpus / (CHANNELS + vcpus))
+    threads = CHANNELS + vcpus + (CHANNELS if dst_local else 0)
+    share = min(1.0, CHANNELS * cpus / threads)
     return max(0.5, min(float(CHANNELS), max(float(cpus - vcpus), share)))

@@ -128,13 +128,13 @@ def node_meter(conn: Any) -> IdleMeter:
 
 
 def host_hints(conn: Any, dom: Any, tls: bool = False,
-               idle: IdleMeter | None = None) -> Hints:
+               idle: IdleMeter | None = None, dst_local: bool = False) -> Hints:
     """The source host's CPUs beside the domain's vCPUs, its idle CPUs (``idle``, a
     meter started earlier; None: not read) and its free memory; ``tls``: the stream
     goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte."""
     cpus = int(conn.getInfo()[2])
     vcpus = int(dom.info()[3])
-    return Hints(cpus=encoding.migration_cpus(vcpus, cpus),
+    return Hints(cpus=encoding.migration_cpus(vcpus, cpus, dst_local), dst_local=dst_local,
                  host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls,
                  idle=idle, local_pid=lambda: local_pid(dom), qemu_cap=False)
 
@@ -167,6 +167,7 @@ def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream,
     # the destination QEMU libvirt starts gets x-multifd-compression-switch by -global
     # (virt/plan.py) when the source has it: the same build at both ends, as for lz4
     hints = dataclasses.replace(
-        host_hints(conn, dom, tls, idle if idle is not None else node_meter(conn)),
-        peer=peer, dst_local=dst_local, given=reuse, dst_switch=True)
+        host_hints(conn, dom, tls, idle if idle is not None else node_meter(conn),
+                   dst_local),
+        peer=peer, given=reuse, dst_switch=True)
     return asyncio.run(adapt(DomainEnd(dom), plan, hints, events))
