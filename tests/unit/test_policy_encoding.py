@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import struct
 from collections.abc import Callable
@@ -390,3 +391,26 @@ def test_migration_cpus_counts_the_channels_share_among_busy_vcpus() -> None:
         for local in (False, True):
             shares = [migration_cpus(v, host, local) for v in range(1, 40)]
             assert shares == sorted(shares, reverse=True), host
+
+
+def test_a_guest_with_a_vcpu_per_core_under_qemus_default_cap_gets_zstd_on_stock_qemu(
+        ) -> None:
+    """The hand-started 6 GiB guest of docs/results/handstarted-2026-11-29d, as its
+    stock sample read it (13 of 1025 kept pages rewritten in 0.33 s, zstd at 265 MB/s
+    of one CPU): with no link known and half a CPU the model chose plain pages, which
+    QEMU's default max-bandwidth held to 128 MiB/s (2.1x stock zstd's bytes, 1.3x its
+    time). Under the cap, with the channels' share of the 2 cores (0.67 CPU), zstd,
+    what stock's best profile is there."""
+    from livemig.policy.encoding import Sample, choose_sample, migration_cpus
+    zstd = {"zstd": Codec(2.3, 2.65e8), "zstd-3": Codec(2.4, 1.97e8)}
+    sample = Sample(looked=2896, nonzero=1061, kept=1025, rewritten=13, interval=0.33,
+                    first=zstd, resend=zstd, mid_rewritten=6, mid_interval=0.17,
+                    short_rate=22 << 20, short_interval=0.1)
+    ctx = Context(link_rate=None, cpus=0.5, guest_ram=6 << 30, auto_converge=True,
+                  codecs=frozenset({"zstd", "plain"}), dst_local=True, idle_cpus=0.64)
+    assert choose_sample(sample, ctx).encoding == "plain"  # what it did
+    capped = dataclasses.replace(ctx, link_rate=float(128 << 20),
+                                 cpus=migration_cpus(2, 2, dst_local=True))
+    c = choose_sample(sample, capped)
+    assert c.encoding == "zstd", c.reason
+    assert c.settings == {}  # level 1: 0.64 idle CPUs do not cover zstd-3 beside a local dst
