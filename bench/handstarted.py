@@ -68,6 +68,11 @@ repeats 1..N, so the interleaving is kept)::
     python3 bench/handstarted.py --out DIR --summarize   # the tables again, from the
                                                          # kept traces and reports
 
+A guest shaped otherwise: ``--memory 6G --vcpus 2 --machine pc``; ``--bandwidth none``
+passes no ``--bandwidth``, so every profile runs under the QEMU's own ``max-bandwidth``
+(128 MiB/s unless set), as a user who gives nothing does
+(docs/results/handstarted-2026-11-29d).
+
 (``PYTHONPATH=src`` or the project's venv, so that ``livemig`` imports; the migration
 runs ``python -m livemig.cli`` of the same checkout.)
 """
