@@ -421,7 +421,7 @@ def one_level(est: dict[str, Estimate], idle_cpus: float | None = None,
     out = dict(est)
     for name, (codec, _) in LEVELS.items():
         if name in out and codec in out:
-            if idle_covers(out[name], idle_cpus, level_cpu(out, name, dst_local)) \
+            if idle_covers(idle_cpus, level_cpu(out, name, dst_local)) \
                     and out[name].score < (1 - LEVEL_GAIN) * out[codec].score:
                 del out[codec]
             else:
@@ -449,10 +449,9 @@ def level_cpu(est: dict[str, Estimate], name: str, dst_local: bool) -> float:
     return need
 
 
-def idle_covers(e: Estimate, idle_cpus: float | None, need: float | None = None) -> bool:
-    """The host's idle CPUs (None: not measured) cover ``need`` (default: ``e``'s mean
-    CPU)."""
-    return idle_cpus is not None and idle_cpus >= (mean_cpu(e) if need is None else need)
+def idle_covers(idle_cpus: float | None, need: float) -> bool:
+    """The host's idle CPUs (None: not measured) cover ``need`` (:func:`level_cpu`)."""
+    return idle_cpus is not None and idle_cpus >= need
 
 
 def pick(est: dict[str, Estimate]) -> str:
@@ -674,7 +673,7 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
               f"{nonzero / 2**20:.0f} MiB non-zero, {dirty_rate / 2**20:.0f} MiB/s dirtied"
               f"{shape}: {why}")
     needs = {n: level_cpu(est, n, ctx.dst_local) for n in LEVELS if n in est}
-    short = [n for n, c in needs.items() if not idle_covers(est[n], ctx.idle_cpus, c)]
+    short = [n for n, c in needs.items() if not idle_covers(ctx.idle_cpus, c)]
     if short:
         seen = ("no idle CPUs measured" if ctx.idle_cpus is None
                 else f"{ctx.idle_cpus:g} CPUs idle")
