@@ -212,6 +212,10 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
             # a guest that hardly rewrites, or rewrites whole pages, is decided by its
             # half-way look
             sampler.settled = settled
+
+            async def quiet() -> None:  # QEMU's short window waits for these queries
+                await asyncio.wait({reading})
+            sampler.quiet = quiet
         try:
             try:
                 result = await sampler.sample()

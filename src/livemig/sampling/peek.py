@@ -1,6 +1,7 @@
 """A sampler for any QEMU: random clusters of guest pages read through a reader: once,
 again half an interval later (only counted), and a last time an interval later; the
-first look's codecs are measured meanwhile. A caller's ``settled`` check may end the
+first look's codecs are measured meanwhile, and QEMU's own count over a short window
+(:mod:`livemig.sampling.dirtyrate`) is taken after them. A caller's ``settled`` check may end the
 sample at the half-way look (the engine's: the guest rewrites too little for the last
 look to change the choice, :func:`livemig.policy.encoding.rewrites_negligible`).
 
@@ -114,6 +115,9 @@ class PeekSampler:
         self.seed = seed
         self.max_pages = max_pages
         self.waiting = asyncio.Event()  # set after the first look: the reads are over
+        # awaited before QEMU's short window starts: the caller's own work beside the
+        # sample (the engine's context queries) is over
+        self.quiet: Callable[[], Awaitable[Any]] | None = None
 
     async def _reads(self, gpas: list[int], span: int) -> list[tuple[float, bytes]]:
         """Each cluster read, in order, with the time its read returned; up to
@@ -140,6 +144,19 @@ class PeekSampler:
         out = [(first[gpa][1], data) for gpa, (_, data) in zip(gpas, reads, strict=True)]
         gaps = [t - first[gpa][0] for gpa, (t, _) in zip(gpas, reads, strict=True)]
         return out, statistics.mean(gaps) if gaps else 0.0
+
+    async def _short_window(self, short: ShortRate) -> tuple[float, float] | None:
+        """QEMU's count over its short window, taken once this process's own work
+        beside the sample is over: the codec timings (done by the caller) and the
+        caller's ``quiet`` (the engine's context queries). QEMU times its window from
+        before its first hashing pass; on a host with no core to spare, that pass ran
+        beside those bursts for most of the window, the second one right after it,
+        and a 6 GiB guest writing 76 MiB/s read 0-19 MiB/s where it reads 44-87 alone
+        (docs/results/short-window-2026-11-29)."""
+        if self.quiet is not None:
+            await self.quiet()
+        await short.start()
+        return await short.result()
 
     async def sample(self, pages: int = PEEK_PAGES,
                      interval: float = PEEK_INTERVAL) -> SampleResult:
@@ -184,10 +201,6 @@ class PeekSampler:
         pages_first = [p for gpa in sorted(keep) for p in first[gpa][1] if p != ZERO]
         codecs_first = asyncio.ensure_future(asyncio.to_thread(
             encoding.measure_codecs, pages_first, self.codecs)) if pages_first else None
-        short = None
-        if self.qmp is not None:  # QEMU counts the pages dirtied in a short window
-            short = ShortRate(self.qmp, sum(r.size for r in ranges))
-            await short.start()
         look1_end = time.monotonic()
         look1 = look1_end - t0
         self.waiting.set()
@@ -197,8 +210,12 @@ class PeekSampler:
         mid_pairs = _changed(mid_reads)
         calls += len(mid_reads)
         first_codecs = await codecs_first if codecs_first is not None else None
-        # QEMU's window (WINDOW_MS) is over by now
-        counted = await short.result() if short is not None else None
+        short = None
+        if self.qmp is not None:  # QEMU counts the pages dirtied in a short window
+            short = ShortRate(self.qmp, sum(r.size for r in ranges))
+            counted = await self._short_window(short)
+        else:
+            counted = None
 
         async def model(pairs: list[tuple[bytes, bytes]], gap: float) -> encoding.Sample:
             s = await asyncio.to_thread(encoding.sample_from_pages, pairs, pages_first,
