@@ -198,11 +198,13 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
         events.say(f"sampling the guest's pages ({sampler.name} sampler)")
         # the context's queries (query-qmp-schema: ~0.1 s) while the sample waits for
         # its next look: the user waits for both before the migration starts
+        queried = asyncio.Event()
+
         async def read_context() -> encoding.Context:
             ctx = known
             if ctx is None:
                 await sampler.waiting.wait()
-                ctx = await context(src, plan, hints)
+                ctx = await context(src, plan, hints, queried=queried)
             return dataclasses.replace(ctx, auto_converge=auto_converge)
 
         reading = asyncio.ensure_future(read_context())
@@ -214,7 +216,9 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
             sampler.settled = settled
 
             async def quiet() -> None:  # QEMU's short window waits for these queries
-                await asyncio.wait({reading})
+                answered = asyncio.ensure_future(queried.wait())
+                await asyncio.wait({reading, answered}, return_when=asyncio.FIRST_COMPLETED)
+                answered.cancel()
             sampler.quiet = quiet
         try:
             try:
@@ -314,15 +318,24 @@ def sampler_for(src: QmpEnd, mode: str, commands: set[str],
 
 
 async def context(src: QmpEnd, plan: Plan, hints: Hints,
-                  switch: bool | None = None) -> encoding.Context:
+                  switch: bool | None = None,
+                  queried: asyncio.Event | None = None) -> encoding.Context:
     """The link (or --bandwidth), the CPUs beside the vCPUs, the guest's RAM and what
     this QEMU's multifd can encode with, all read from QEMU where QEMU knows it;
-    ``switch``: whether both ends can switch codecs, when the caller knows already."""
+    ``switch``: whether both ends can switch codecs, when the caller knows already;
+    ``queried``: set once the queries are answered, before the idle CPUs' reading
+    waits out its window."""
     vcpus = len(await src.cmd("query-cpus-fast"))
     mem = await src.cmd("query-memory-size-summary")
     ram = int(mem.get("base-memory", 0)) + int(mem.get("plugged-memory", 0) or 0)
     params = await src.cmd("query-migrate-parameters")
     link, link_from = await link_rate(src, plan, hints, params)
+    codecs = await multifd_codecs(src)
+    if switch is None:
+        switch = (bool(hints.dst_switch) and SWITCH_CAP not in plan.explicit
+                  and await _has_switch(src))
+    if queried is not None:
+        queried.set()
     return encoding.Context(
         link_rate=link,
         link_from=link_from,
@@ -331,12 +344,10 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
         guest_ram=ram or (1 << 30),
         host_available=(hints.host_available if hints.host_available is not None
                         else encoding.host_available()),
-        codecs=await multifd_codecs(src),
+        codecs=codecs,
         # QEMU refuses lz4's delta cache beside postcopy-ram (patch 0005)
         delta=encoding.DELTA_KEY in params and not plan.postcopy,
-        switch=(switch if switch is not None else
-                bool(hints.dst_switch) and SWITCH_CAP not in plan.explicit
-                and await _has_switch(src)),
+        switch=switch,
         tls=hints.tls if hints.tls is not None else plan.tls is not None,
         dst_local=hints.dst_local,
         # read only for a choice (its wait is the user's): a set encoding takes no level
