@@ -1,8 +1,8 @@
 """A sampler for any QEMU: random clusters of guest pages read through a reader: once,
 again half an interval later (only counted), and a last time an interval later; the
 first look's codecs are measured meanwhile, and QEMU's own count over a short window
-(:mod:`livemig.sampling.dirtyrate`) is taken after them. A caller's ``settled`` check may end the
-sample at the half-way look (the engine's: the guest rewrites too little for the last
+(:mod:`livemig.sampling.dirtyrate`) is taken after them. A caller's ``settled`` check
+may end the sample at the half-way look (the engine's: the guest rewrites too little for the last
 look to change the choice, :func:`livemig.policy.encoding.rewrites_negligible`).
 
 The reader is whatever can read guest-physical memory from outside: the QEMU
@@ -147,7 +147,7 @@ class PeekSampler:
 
     async def _short_window(self, short: ShortRate) -> tuple[float, float] | None:
         """QEMU's count over its short window, taken once this process's own work
-        beside the sample is over: the codec timings (done by the caller) and the
+        beside the sample is over: the codec timings (awaited before this) and the
         caller's ``quiet`` (the engine's context queries). QEMU times its window from
         before its first hashing pass; on a host with no core to spare, that pass ran
         beside those bursts for most of the window, the second one right after it,
