@@ -2,8 +2,8 @@
 again half an interval later (only counted), and a last time an interval later; the
 first look's codecs are measured meanwhile, and QEMU's own count over a short window
 (:mod:`livemig.sampling.dirtyrate`) is taken after them. A caller's ``settled`` check
-may end the sample at the half-way look (the engine's: the guest rewrites too little for the last
-look to change the choice, :func:`livemig.policy.encoding.rewrites_negligible`).
+may end the sample at the half-way look (the engine's: the guest rewrites too little
+for the last look to change the choice, :func:`livemig.policy.encoding.rewrites_negligible`).
 
 The reader is whatever can read guest-physical memory from outside: the QEMU
 process's own mapping through ``/proc/PID/mem`` or QMP ``pmemsave`` into a private
