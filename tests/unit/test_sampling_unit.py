@@ -574,21 +574,6 @@ def test_short_rate_is_qemus_page_sampling_estimate_over_a_window_in_ms():
     assert q.queries == 2 and "300 MiB/s over 100 ms" in s.note
 
 
-def test_a_window_its_first_hashing_pass_outlasted_is_not_used():
-    """QEMU times the window from before its first pass and sleeps only what is left:
-    a window it reports longer than asked had the second pass right behind the first
-    (0-19 MiB/s from a 6 GiB guest writing 76 MiB/s), so it is left out, and said."""
-    async def go(q: DirtyRateQmp) -> tuple[ShortRate, Any]:
-        s = ShortRate(q, 6 << 30)
-        await s.start()
-        return s, await s.result()
-
-    s, got = asyncio.run(go(DirtyRateQmp(0, calc_ms=103)))
-    assert got is None and "not used" in s.note and "103 ms" in s.note
-    s, got = asyncio.run(go(DirtyRateQmp(60, calc_ms=101)))  # g_usleep's overshoot
-    assert got == (60 * (1 << 20), 0.101)
-
-
 def test_qemus_window_starts_after_the_callers_own_work_beside_the_sample():
     """The window comes after the half-way look's reads and the caller's ``quiet``
     (the engine's context queries): on a host with no core to spare, those bursts
