@@ -201,11 +201,14 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
         queried = asyncio.Event()
 
         async def read_context() -> encoding.Context:
-            ctx = known
-            if ctx is None:
-                await sampler.waiting.wait()
-                ctx = await context(src, plan, hints, queried=queried)
-            return dataclasses.replace(ctx, auto_converge=auto_converge)
+            try:
+                ctx = known
+                if ctx is None:
+                    await sampler.waiting.wait()
+                    ctx = await context(src, plan, hints, queried=queried)
+                return dataclasses.replace(ctx, auto_converge=auto_converge)
+            finally:
+                queried.set()  # a failed or known context leaves nothing to wait for
 
         reading = asyncio.ensure_future(read_context())
         if isinstance(sampler, PeekSampler):
@@ -214,12 +217,7 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
             # a guest that hardly rewrites, or rewrites whole pages, is decided by its
             # half-way look
             sampler.settled = settled
-
-            async def quiet() -> None:  # QEMU's short window waits for these queries
-                answered = asyncio.ensure_future(queried.wait())
-                await asyncio.wait({reading, answered}, return_when=asyncio.FIRST_COMPLETED)
-                answered.cancel()
-            sampler.quiet = quiet
+            sampler.quiet = queried.wait  # QEMU's short window waits for these queries
         try:
             try:
                 result = await sampler.sample()

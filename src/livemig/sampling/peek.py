@@ -210,12 +210,10 @@ class PeekSampler:
         mid_pairs = _changed(mid_reads)
         calls += len(mid_reads)
         first_codecs = await codecs_first if codecs_first is not None else None
-        short = None
-        if self.qmp is not None:  # QEMU counts the pages dirtied in a short window
-            short = ShortRate(self.qmp, sum(r.size for r in ranges))
-            counted = await self._short_window(short)
-        else:
-            counted = None
+        # QEMU counts the pages dirtied in a short window
+        short = (ShortRate(self.qmp, sum(r.size for r in ranges))
+                 if self.qmp is not None else None)
+        counted = await self._short_window(short) if short is not None else None
 
         async def model(pairs: list[tuple[bytes, bytes]], gap: float) -> encoding.Sample:
             s = await asyncio.to_thread(encoding.sample_from_pages, pairs, pages_first,
