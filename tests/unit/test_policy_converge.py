@@ -30,12 +30,16 @@ class Result:
 
 def simulate(decide, b: float, d: float, hot: float, r0: float, downtime_s: float = 0.3,
              max_rounds: int = 40, wire: float = 1.0) -> Result:
-    """``wire``: bytes on the wire per guest byte (compression: < 1)."""
+    """``wire``: bytes on the wire per guest byte (compression: < 1). QEMU's budget is
+    the wire rate × the limit, or the page rate × the limit once a ConvergeThrottle
+    asked for the full budget (its SwitchoverBandwidth then tells QEMU that rate)."""
     t = lost = below10 = 0.0
     pct = top = 0
     r = r0  # the first (full) pass
+    policy = getattr(decide, "__self__", None)
     for k in range(1, max_rounds + 1):
-        if k > 1 and r <= wire * b * downtime_s:
+        rate = b if getattr(policy, "full_budget", False) else wire * b
+        if k > 1 and r <= rate * downtime_s:
             return Result(True, k, t + r / b, lost, below10, top)
         for a in decide(Snapshot(t=t, rounds=k, remaining=int(r), dirty_rate=d,
                                  bandwidth=wire * b, throttle_pct=pct, page_rate=b)):
@@ -50,6 +54,7 @@ def simulate(decide, b: float, d: float, hot: float, r0: float, downtime_s: floa
         below10 += dur if pct > DEEP else 0.0
         r = min(hot, (1 - pct / 100.0) * d * dur)
     return Result(False, max_rounds, t, lost, below10, top)
+
 
 
 def ladder():
@@ -126,21 +131,31 @@ def test_no_throttle_sleeps_longer_than_the_downtime_limit():
     assert 0 < q.percent <= 96
 
 
-def test_rounds_drain_at_the_page_rate_but_the_budget_is_wire_bytes():
-    # compression halves the wire bytes: the page rate is what drains the remainder,
-    # but QEMU switches over only when the remainder fits the *wire* rate × the limit
+def test_rounds_drain_at_the_page_rate_and_a_deep_plan_takes_the_drains_budget():
+    # compression halves the wire bytes: the page rate is what drains the remainder.
+    # At the wire budget (25 MiB/s × 0.3 s) one deep round would need 96 %: a guest
+    # held that low is better off with the pause the limit allows, so the budget
+    # becomes the drain's (50 MiB/s × 0.3 s) and QEMU is told that rate
     p = ConvergeThrottle(300)
     s1 = Snapshot(t=0, rounds=1, remaining=400 * MB, dirty_rate=0, bandwidth=25 * MB,
                   page_rate=50 * MB)
     s2 = Snapshot(t=2, rounds=2, remaining=120 * MB, dirty_rate=0, bandwidth=25 * MB,
                   page_rate=50 * MB)
     assert p.decide(s1) == []
+    assert not p.full_budget
     acts = p.decide(s2)
     assert len(acts) == 1 and isinstance(acts[0], SetThrottle)
     # distinct rate 60 MiB/s over the 2 s round outruns the 50 MiB/s of pages: one
-    # deep round of 120/50 = 2.4 s aimed at 0.8 × 25 MiB/s × 0.3 s
-    assert acts[0].percent == round(100 * (1 - 0.8 * 25 * 0.3 * 50 / (60 * 120)) + 0.5)
-    assert "budget 7.5 MiB" in acts[0].reason
+    # deep round of 120/50 = 2.4 s aimed at 0.8 × 50 MiB/s × 0.3 s, not 96 %
+    assert acts[0].percent == round(100 * (1 - 0.8 * 50 * 0.3 * 50 / (60 * 120)) + 0.5)
+    assert acts[0].percent < round(100 * (1 - 0.8 * 25 * 0.3 * 50 / (60 * 120)) + 0.5)
+    assert "budget 15.0 MiB at the drain" in acts[0].reason
+    assert p.full_budget
+    # a guest-byte rate told to QEMU does not become the wire rate of the next plans
+    p.set_switchover_bandwidth(50 * MB, guest_bytes=True)
+    assert p.switchover_w == 0.0
+    p.set_switchover_bandwidth(24 * MB)
+    assert p.switchover_w == 24 * MB
 
 
 def test_a_remainder_inside_the_page_budget_but_not_the_wire_budget_is_worked_on():
@@ -153,6 +168,9 @@ def test_a_remainder_inside_the_page_budget_but_not_the_wire_budget_is_worked_on
     assert p.decide(Snapshot(t=7, rounds=2, remaining=40 * MB, **kw)) == []
     acts = p.decide(Snapshot(t=7.3, rounds=3, remaining=38 * MB, **kw))
     assert len(acts) == 1 and isinstance(acts[0], SetThrottle) and acts[0].percent > 0
+    # a light throttle: the guest keeps most of its speed, so the short pause of the
+    # wire budget stays (the remainder would fit the drain's 42 MiB at once)
+    assert acts[0].percent < 50 and not p.full_budget
 
 
 def test_without_a_wire_rate_the_budget_falls_back_to_the_page_rate():
@@ -215,9 +233,11 @@ def test_recorded_busy_writer_whose_rounds_stop_shrinking_is_throttled():
     # rounds and a forced downtime ramp. Round 3 took 35 % of round 2's time and left
     # 62 % of its remainder: a saturated set, so it acts at round 4 with one deep
     # round (the observed stall alone made it act at round 5)
-    _, acts = replay("busy-db-400mbit-stalling")
-    assert acts and acts[0].percent >= 90
-    assert "round 4" in acts[0].reason and "fills within a round" in acts[0].reason
+    p, acts = replay("busy-db-400mbit-stalling")
+    assert acts and "round 4" in acts[0].reason and "fills within a round" in acts[0].reason
+    # the wire budget (41 MiB/s × 0.3 s) needed one round at 90 % or more; the pages
+    # drained at 450 MiB/s, so the drain's budget (135 MiB) needs a third of that
+    assert p.full_budget and "at the drain" in acts[0].reason and acts[0].percent < 50
 
 
 def test_a_set_the_guest_fills_within_a_round_gets_one_deep_round_not_light_ones():
@@ -236,7 +256,11 @@ def test_a_set_the_guest_fills_within_a_round_gets_one_deep_round_not_light_ones
         return acts
     busy = [(0.1, 1, 1022), (4.49, 2, 402), (6.0, 3, 343), (6.5, 4, 306), (7.25, 5, 261)]
     acts = run(busy)
-    assert [a.percent for a in acts][:1] == [96] and "round 4" in acts[0].reason
+    assert acts and "round 4" in acts[0].reason and "fills within a round" in acts[0].reason
+    # one round at the drain's budget (600 MiB/s × 0.3 s, the wire's would need 96 %):
+    # a guest that outruns the wire budget so far is held deep for it no longer
+    assert acts[0].percent == round(100 * (1 - 0.8 * 180 / 306 * (1 - 0)
+                                           / max(450 / 600, 306 / 343)) + 0.5)
     # the same rounds' lengths with remainders that shrink as the rounds do
     linear = [(0.1, 1, 1022), (4.49, 2, 402), (6.0, 3, 160), (6.5, 4, 53), (6.7, 5, 20)]
     assert run(linear) == []

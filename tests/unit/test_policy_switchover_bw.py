@@ -111,3 +111,63 @@ def test_the_executor_runs_it_from_the_setting_and_tells_the_throttle() -> None:
     off = PolicyExecutor(PolicyConfig.from_settings({"throttle": "converge"}, 300), rec,
                          lambda w, d: None)
     assert [p.name for p in off.policies] == ["throttle-converge"]
+
+
+def resend(t: float, rounds: int, wire: float, page: float, pct: int = 0,
+           remaining: int = 100 * MB) -> Snapshot:
+    return Snapshot(t=t, rounds=rounds, remaining=remaining, dirty_rate=0, bandwidth=wire,
+                    throttle_pct=pct, page_rate=page)
+
+
+def test_a_throttled_guest_gets_the_rate_its_pages_drain_at_and_loses_it_after() -> None:
+    """lz4 deltas of small rewrites: 12 MiB/s on the wire carried ~140 MiB/s of pages
+    (docs/results/handstarted-2026-11-29e/slowdb). At the wire rate QEMU switched over
+    15 ms into a 1000 ms limit, after the guest had spent 3.4 s below 10 %."""
+    p = SwitchoverBandwidth(cap=12 * MB)
+    # the first pass: zero pages inflate its page rate; they are not a re-send's
+    for k in range(4):
+        assert p.decide(resend(k / 4, 1, 12 * MB, 900 * MB)) == []
+    (a,) = p.decide(resend(1.0, 2, 12 * MB, 140 * MB))
+    assert isinstance(a, SetSwitchoverBandwidth)
+    assert a.bytes_per_s == 12 * MB and not a.guest_bytes  # unthrottled: the wire's
+    for k in range(3):
+        assert p.decide(resend(1.25 + k / 4, 2, 12 * MB, 140 * MB, pct=30)) == []
+    (b,) = p.decide(resend(2.0, 3, 12 * MB, 140 * MB, pct=90))
+    assert isinstance(b, SetSwitchoverBandwidth) and b.guest_bytes
+    assert b.bytes_per_s == 140 * MB and "the guest is throttled" in b.reason
+    (c,) = p.decide(resend(2.25, 3, 12 * MB, 140 * MB, pct=0))
+    assert isinstance(c, SetSwitchoverBandwidth) and not c.guest_bytes
+    assert c.bytes_per_s == 12 * MB and "the throttle is off" in c.reason
+
+
+def test_the_guest_byte_rate_follows_a_lowered_cap_by_the_compression_ratio() -> None:
+    p = SwitchoverBandwidth(cap=6 * MB, full=lambda s: True)
+    p.decide(resend(0, 2, 12 * MB, 120 * MB))
+    (a,) = p.decide(resend(0.25, 2, 12 * MB, 120 * MB))
+    # 10 page bytes per wire byte, the wire held to 6 MiB/s: 60 MiB/s of pages at most
+    assert a.guest_bytes and a.bytes_per_s == 60 * MB
+
+
+def test_the_converge_throttle_asks_for_it_and_keeps_its_wire_rate() -> None:
+    rec = Recorder()
+    cfg = PolicyConfig.from_settings({"throttle": "converge", "switchover-bandwidth": True},
+                                     300)
+    ex = PolicyExecutor(cfg, rec, lambda w, d: None)
+    assert ex.converge is not None
+
+    async def run() -> None:
+        # a first pass, then re-send rounds the guest outruns: 10:1 compression
+        await ex.tick(resend(0, 1, 12 * MB, 12 * MB, remaining=900 * MB))
+        await ex.tick(resend(2.0, 1, 12 * MB, 12 * MB, remaining=300 * MB))
+        await ex.tick(resend(4.0, 2, 12 * MB, 120 * MB, remaining=250 * MB))
+        await ex.tick(resend(4.25, 2, 12 * MB, 120 * MB, remaining=240 * MB))
+        await ex.tick(resend(6.2, 3, 12 * MB, 120 * MB, remaining=245 * MB))
+        # a cap from a link share leaves a guest-byte rate to the policy
+        await ex.apply(SetRamBandwidth("share", 6 * MB))
+
+    asyncio.run(run())
+    told = [v for what, v in rec.calls if what == "switchover"]
+    assert told[0] == 12 * MB and told[-1] == 120 * MB
+    assert ex.converge.full_budget and ex.switchover_guest
+    assert ex.converge.switchover_w == 12 * MB  # the wire rate its next plans compare
+    assert rec.calls[-1] == ("bandwidth", 6 * MB)

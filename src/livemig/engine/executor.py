@@ -114,7 +114,9 @@ class PolicyExecutor:
         if cfg.downtime_ramp:
             self.policies.append(DowntimeRamp(cfg.downtime_ms, cfg.max_downtime))
         if cfg.switchover_bandwidth:
-            self.policies.append(SwitchoverBandwidth(cfg.ram_cap))
+            conv = self.converge
+            self.policies.append(SwitchoverBandwidth(
+                cfg.ram_cap, full=(lambda s: conv.full_budget) if conv is not None else None))
         if cfg.disk_copy and cfg.disk_link is not None and cfg.disk_schedule == "first":
             self.policies.append(LinkShare(cfg.disk_link, cfg.ram_cap))
         if cfg.disk_copy and cfg.io_qos:
@@ -125,6 +127,7 @@ class PolicyExecutor:
         self.throttle_pct = 0
         self.io_cap = 0
         self.switchover_bw = 0
+        self.switchover_guest = False  # switchover_bw is a guest-byte rate
 
     @property
     def active(self) -> bool:
@@ -173,14 +176,15 @@ class PolicyExecutor:
         elif isinstance(a, StartPostcopy):
             await self._act(name, act.start_postcopy())
         elif isinstance(a, SetSwitchoverBandwidth):
-            await self._switchover_bandwidth(name, a.bytes_per_s)
+            await self._switchover_bandwidth(name, a.bytes_per_s, a.guest_bytes)
         elif isinstance(a, SetCompression):
             if await self._act(name, act.set_compression(a.method)) \
                     and self.converge is not None:
                 self.converge.codec_switched()
         elif isinstance(a, SetRamBandwidth):
             await self._act(name, act.set_ram_bandwidth(a.bytes_per_s))
-            if 0 < a.bytes_per_s < self.switchover_bw:  # the stream may not go faster
+            if 0 < a.bytes_per_s < self.switchover_bw and not self.switchover_guest:
+                # the stream may not go faster (a guest-byte rate is the policy's to lower)
                 await self._switchover_bandwidth("lower switchover bandwidth", a.bytes_per_s)
         elif isinstance(a, SetMirrorSpeed):
             await self._act(name, act.set_mirror_speed(a.bytes_per_s))
@@ -189,11 +193,12 @@ class PolicyExecutor:
             await self._act(name, act.set_io_throttle(a.write_bytes_per_s))
         # AbortMigration, ForceSwitchover, StrategyExhausted: the verdict carries them
 
-    async def _switchover_bandwidth(self, what: str, bytes_per_s: int) -> None:
+    async def _switchover_bandwidth(self, what: str, bytes_per_s: int,
+                                    guest_bytes: bool = False) -> None:
         if await self._act(what, self.actuator.set_switchover_bandwidth(bytes_per_s)):
-            self.switchover_bw = bytes_per_s
+            self.switchover_bw, self.switchover_guest = bytes_per_s, guest_bytes
             if self.converge is not None:
-                self.converge.set_switchover_bandwidth(bytes_per_s)
+                self.converge.set_switchover_bandwidth(bytes_per_s, guest_bytes)
 
     async def _act(self, what: str, call: Awaitable[None]) -> bool:
         """Await one actuator call; a refusal is recorded, not a failure of the run

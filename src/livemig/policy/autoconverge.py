@@ -7,7 +7,9 @@ dirty bitmap's syncs at most once a second; a period in which the guest dirtied 
 page bytes than half the bytes the stream *transferred* (wire bytes: compression makes
 a period look busier) counts as high, and every second high period raises the throttle
 (``cpu-throttle-initial`` 20 %, then ``cpu-throttle-increment`` 10 points). QEMU
-switches over when what is left fits the downtime limit at the stream's wire rate.
+switches over when what is left fits the downtime limit at the stream's wire rate
+(livemig's switchover-bandwidth policy makes it the page rate once the throttle holds
+the guest at half speed or less: ``full_at``).
 
 So a guest that needs a 60 % throttle to converge is throttled for ten seconds on the
 way there whatever the encoding, unless the encoding's re-sends are so fast that the
@@ -67,10 +69,13 @@ class Run:
 
 
 def simulate(first: Stream, resend: Stream, curve: DirtyCurve, *,
-             later: Stream | None = None, downtime_s: float = DOWNTIME_S) -> Run:
+             later: Stream | None = None, downtime_s: float = DOWNTIME_S,
+             full_at: float | None = None) -> Run:
     """A first pass over ``curve.nonzero`` bytes at ``first``, the next round at
     ``resend``, every round after it at ``later`` (default ``resend``: xbzrle's first
-    re-send is whole pages, its later ones deltas)."""
+    re-send is whole pages, its later ones deltas). ``full_at``: from this throttle
+    on, the switchover budget is the stream's page rate × the limit, not its wire
+    rate (livemig's switchover-bandwidth policy tells QEMU so, policy/convergence.py)."""
     t = work = wire = 0.0
     throttle = 0.0
     high = 0
@@ -99,7 +104,10 @@ def simulate(first: Stream, resend: Stream, curve: DirtyCurve, *,
         left = dirty
         stream = resend if len(sent) == 1 else (later or resend)
         # the switchover: what is left fits the downtime at the stream's wire rate
-        if left <= stream.rate / stream.ratio * downtime_s or t >= MAX_S:
+        # (at its page rate once the throttle reached ``full_at``)
+        full = full_at is not None and throttle >= full_at
+        rate = stream.rate if full else stream.rate / stream.ratio
+        if left <= rate * downtime_s or t >= MAX_S:
             final = left / stream.rate
             return Run(min(t + final, MAX_S), (*sent, left), wire + left / stream.ratio,
                        work, throttle)

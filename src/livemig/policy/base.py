@@ -98,9 +98,12 @@ class SetRamBandwidth(Action):
 @dataclass(frozen=True)
 class SetSwitchoverBandwidth(Action):
     """QEMU's ``avail-switchover-bandwidth``: the rate its switchover decision assumes
-    instead of its own estimate of the last 100 ms."""
+    instead of its own estimate of the last 100 ms. ``guest_bytes``: the rate guest
+    pages drain at (QEMU then switches over with as much as the limit allows), not
+    the wire rate."""
 
     bytes_per_s: int
+    guest_bytes: bool = False
 
 
 @dataclass(frozen=True)

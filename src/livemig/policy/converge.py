@@ -60,6 +60,21 @@ whole zstd pages, then lz4 deltas), the pass's drain says nothing of theirs, so 
 first decision waits a round in the new codec whatever the pass showed, and the drain
 rates start again at the switch.
 
+The budget's rate: QEMU compares the remainder, in guest bytes, with the rate it
+is given (``avail-switchover-bandwidth``, :class:`~livemig.policy.convergence.
+SwitchoverBandwidth`) × the limit. At the wire rate a compressed stream switches
+over with a remainder the compression ratio smaller than the limit allows (lz4
+deltas of 128-byte rows: 15 ms pauses at a 1000 ms limit, after 3.4 s below 10 %
+of normal, docs/results/handstarted-2026-11-29e/slowdb), and every round until
+then is one the throttle holds the guest through. So once a plan needs the guest
+at :data:`FULL_AT` of its speed or less (or holds it there), the budget is the
+drain's: ``B × T_d``, and :class:`SwitchoverBandwidth` tells QEMU the rate guest
+pages drained at (``full_budget``, kept from then on). The switchover's pause
+then takes up to the limit the user accepted, once, in place of throttled
+rounds that cost the guest at least half of every second. A guest left unthrottled
+keeps the wire budget: another free round costs it little, and its pause stays as
+short as stock QEMU's.
+
 A throttle is not a smooth slowdown: QEMU runs the vCPU for a 10 ms slice
 (``CPU_THROTTLE_TIMESLICE_NS``) and then sleeps it ``θ/(1-θ)`` slices: at 99 % the
 guest is frozen for 990 ms at a time (measured: a 1000 ms gap in the guest's heartbeat
@@ -101,6 +116,7 @@ STALL = 0.95  # a round whose remainder is above 95 % of the last one's made no 
 # SATURATED_BY less than the round did, shows a saturated set (see the module's text)
 SHORTER = 0.8
 SATURATED_BY = 0.15
+FULL_AT = 0.5  # a throttle from which the switchover budget is the drain's (see above)
 
 
 class ConvergeThrottle:
@@ -122,6 +138,9 @@ class ConvergeThrottle:
         # the re-sent pages will go in another codec than the first pass (an encoding
         # switched after it, ``zstd+delta``): the pass's drain says nothing of theirs
         self._switch_pending = False
+        # the switchover budget asked for: the drain's rate (guest bytes) × the limit,
+        # not the wire's (see the module's text); read by SwitchoverBandwidth
+        self.full_budget = False
 
     def expect_codec_switch(self) -> None:
         """The codec changes when the first pass is over: the first decision then
@@ -136,10 +155,12 @@ class ConvergeThrottle:
         self.rate = Ewma(0.5)
         self._peak = 0.0
 
-    def set_switchover_bandwidth(self, bytes_per_s: int) -> None:
+    def set_switchover_bandwidth(self, bytes_per_s: int, guest_bytes: bool = False) -> None:
         """QEMU's switchover decision now uses this rate, not its estimate: so does the
-        budget."""
-        self.switchover_w = float(bytes_per_s)
+        budget. A guest-byte rate (the full budget this policy asked for) is the
+        drain's, which the budget takes from the drain itself: the wire rate stays."""
+        if not guest_bytes:
+            self.switchover_w = float(bytes_per_s)
 
     def set_downtime(self, ms: int) -> None:
         """The downtime ramp raised the limit: aim at the new one."""
@@ -202,13 +223,23 @@ class ConvergeThrottle:
         saturated = (prev is not None and s.rounds >= 4 and prev[0] > 0 and prev[1] > 0
                      and prev_len < SHORTER * prev[0]
                      and r / prev[1] > prev_len / prev[0] + SATURATED_BY)
-        theta, rounds = plan(t_round, free, SAFETY * budget / r,
-                             max_rounds=1 if saturated else MAX_ROUNDS)
+        max_rounds = 1 if saturated else MAX_ROUNDS
+        theta, rounds = plan(t_round, free, SAFETY * budget / r, max_rounds=max_rounds)
+        full = b * self.downtime_s  # the budget at the drain's rate (guest bytes)
+        if not self.full_budget and full > budget and max(theta, now) >= FULL_AT:
+            # the guest is to be held at half speed or less: the pause the limit allows
+            # costs it less than the rounds a wire-rate budget takes (module's text)
+            self.full_budget = True
+        if self.full_budget and full > budget:
+            budget = full
+            theta, rounds = (0.0, 0) if r <= budget else plan(
+                t_round, free, SAFETY * budget / r, max_rounds=max_rounds)
         top = self.max_pct
         pct = max(self.percent, min(top, round(100.0 * theta + 0.5) if theta else 0))
         why = (f"round {s.rounds}: {r >> 20} MiB dirty (distinct rate {d / 2**20:.0f} MiB/s, "
                f"drained at {b / 2**20:.0f} MiB/s, {w / 2**20:.0f} MiB/s on the wire, "
-               f"downtime budget {budget / 2**20:.1f} MiB)")
+               f"downtime budget {budget / 2**20:.1f} MiB"
+               f"{' at the drain' if self.full_budget and budget == full else ''})")
         if saturated and prev is not None:
             why += (f"; the last round took {prev_len / prev[0]:.0%} of the one before "
                     f"and left {r / prev[1]:.0%} of its remainder: a set the guest "
@@ -228,7 +259,7 @@ class ConvergeThrottle:
             return []
         self.percent = pct
         return [SetThrottle(f"{why} -> {pct}% to converge in {rounds} more "
-                            f"round{'s' if rounds > 1 else ''}", pct)]
+                            f"round{'s' if rounds != 1 else ''}", pct)]
 
 
 def plan(t_round: float, free: float, target: float,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Callable
 
 from livemig.policy.base import (
     AbortMigration,
@@ -44,6 +45,7 @@ FORCE_DOWNTIME_MS = 60_000  # "whatever it takes": the remainder at link speed
 ON_STALL = ("force", "abort", "postcopy")
 WINDOW = 8  # busy polls the switchover rate is taken over (2 s at the default poll)
 CHANGE = 0.2  # the switchover rate is set again when it moves by more than this share
+FULL_AT = 50  # % of throttle from which the switchover rate is in guest bytes (no converge)
 
 
 class DowntimeRamp:
@@ -73,23 +75,39 @@ class SwitchoverBandwidth:
     3 s target).
 
     QEMU's ``avail-switchover-bandwidth`` (8.2) replaces the estimate in that decision.
-    This sets it once the first pass is over, to the median of the wire rates QEMU
-    reported in the last :data:`WINDOW` polls that found the stream busy (at least a
-    poll interval's worth of its usual rate still to send: a stream with work queued, as at
-    the switchover, when the guest is stopped and its CPU free), at most ``cap`` (an
-    explicit --bandwidth), and again whenever that rate moves by more than
-    :data:`CHANGE` (an evacuation's link share raises and lowers a stream's cap from
-    outside: a first pass held to 1.1 MiB/s and then let go at 12 MiB/s must not
-    switch over as if it still crawled). QEMU compares the remainder in guest bytes
-    with it, so a compressed stream still switches over with less than the rate
-    allows."""
+    This sets it once the first pass is over, to the median of the rates QEMU reported
+    in the last :data:`WINDOW` polls that found the stream busy (at least a poll
+    interval's worth of its usual rate still to send: a stream with work queued, as at
+    the switchover, when the guest is stopped and its CPU free), and again whenever
+    that rate moves by more than :data:`CHANGE` (an evacuation's link share raises and
+    lowers a stream's cap from outside: a first pass held to 1.1 MiB/s and then let go
+    at 12 MiB/s must not switch over as if it still crawled).
+
+    Which rate: QEMU compares the remainder in *guest* bytes with it. The wire rate
+    (``mbps``, at most ``cap``, an explicit --bandwidth) is what QEMU would estimate
+    itself: under compression the pause then comes out shorter than the limit by the
+    compression ratio (lz4 deltas of 128-byte rows: 15 ms at a 1000 ms limit), and the
+    rounds go on until the remainder is that much smaller. That is the right price
+    while the guest runs free: another round costs it little. While a throttle holds
+    it, every second of another round costs the guest the throttle's share of it, and
+    the pause the limit allows is the cheaper price; ``full(s)`` says when (the
+    converge throttle's own choice, :class:`~livemig.policy.converge.ConvergeThrottle`
+    weighs both; without it a throttle of at least :data:`FULL_AT` %, QEMU's
+    auto-converge included), and the policy then tells QEMU the rate guest pages
+    drained at (``pages-per-second``), capped at ``cap`` times the polls' ratio of
+    page to wire bytes. Only re-send rounds count for it: the first pass's zero pages
+    drain at memory speed and say nothing of a remainder of rewritten ones."""
 
     name = "switchover-bandwidth"
 
-    def __init__(self, cap: int | None = None) -> None:
+    def __init__(self, cap: int | None = None,
+                 full: Callable[[Snapshot], bool] | None = None) -> None:
         self.cap = cap
-        self.busy: deque[float] = deque(maxlen=WINDOW)
+        self.full = full or (lambda s: s.throttle_pct >= FULL_AT)
+        self.busy: deque[float] = deque(maxlen=WINDOW)  # wire bytes/s
+        self.pages: deque[tuple[float, float]] = deque(maxlen=WINDOW)  # (page, wire) re-sends
         self.rate = 0.0  # what QEMU was told, 0: nothing yet
+        self.guest_bytes = False  # what it was told is the guest-byte rate
         self._t: float | None = None
 
     def decide(self, s: Snapshot) -> list[Action]:
@@ -100,18 +118,32 @@ class SwitchoverBandwidth:
         usual = max(s.bandwidth, self._median())
         if s.bandwidth > 0 and dt > 0 and s.remaining >= usual * dt:
             self.busy.append(s.bandwidth)
+            if s.rounds > 1 and s.page_rate > 0:
+                self.pages.append((s.page_rate, s.bandwidth))
         if s.rounds <= 1 or not self.busy:
             return []
         rate = self._median()
         if self.cap:
             rate = min(rate, float(self.cap))
-        if self.rate and abs(rate - self.rate) <= CHANGE * self.rate:
+        guest = bool(self.pages) and self.full(s)
+        if guest:
+            page = statistics.median(p for p, _ in self.pages)
+            ratio = max(1.0, statistics.median(p / w for p, w in self.pages))
+            rate = max(rate, min(page, float(self.cap) * ratio if self.cap else page))
+        if (self.rate and guest == self.guest_bytes
+                and abs(rate - self.rate) <= CHANGE * self.rate):
             return []
-        why = "first pass over" if not self.rate else "the stream's rate moved"
-        self.rate = rate
+        why = ("first pass over" if not self.rate else
+               "the guest is throttled" if guest and not self.guest_bytes else
+               "the throttle is off" if self.guest_bytes and not guest else
+               "the stream's rate moved")
+        self.rate, self.guest_bytes = rate, guest
+        what = (f"the median rate guest pages drained at in the last {len(self.pages)} "
+                "busy re-send polls" if guest else
+                f"the median wire rate of the last {len(self.busy)} busy polls")
         return [SetSwitchoverBandwidth(
-            f"{why}: avail-switchover-bandwidth -> {rate / 2**20:.1f} MiB/s (the median "
-            f"wire rate of the last {len(self.busy)} busy polls)", int(rate))]
+            f"{why}: avail-switchover-bandwidth -> {rate / 2**20:.1f} MiB/s ({what})",
+            int(rate), guest_bytes=guest)]
 
     def _median(self) -> float:
         return statistics.median(self.busy) if self.busy else 0.0

@@ -47,6 +47,7 @@ import lz4.block  # type: ignore[import-untyped]
 import zstandard
 
 from livemig.policy import autoconverge, dirtying
+from livemig.policy.convergence import FULL_AT as _FULL_AT_PCT
 from livemig.policy.dirtying import DirtyCurve
 
 PAGE = 4096
@@ -75,6 +76,9 @@ SWITCH_KEY = "x-multifd-compression-switch"
 XBZRLE_SPEED = 5e8
 # bytes an xbzrle page costs beyond its changed bytes (run headers), as a share of it
 XBZRLE_OVERHEAD = 0.004
+# the throttle from which the profile's switchover-bandwidth policy (on in the livemig
+# profile, whose encoding this chooses) gives QEMU the page rate for its switchover
+FULL_AT = _FULL_AT_PCT / 100
 
 # a --set of any of these: no automatic choice
 KEYS = frozenset({"xbzrle", "xbzrle-cache-size", "multifd", "multifd-channels",
@@ -388,7 +392,8 @@ def _stream(c: Codec, ctx: Context) -> autoconverge.Stream:
 def estimate_auto_converge(first: Codec, resend: Codec, curve: DirtyCurve,
                            ctx: Context) -> Estimate:
     """:func:`estimate` for a QEMU that converges by its auto-converge ladder."""
-    run = autoconverge.simulate(_stream(first, ctx), _stream(resend, ctx), curve)
+    run = autoconverge.simulate(_stream(first, ctx), _stream(resend, ctx), curve,
+                                full_at=FULL_AT)
     again = run.page_bytes - curve.nonzero
     return Estimate(run.seconds, run.wire_bytes, run.work_lost, page_rate(first, ctx),
                     page_rate(resend, ctx),
@@ -403,7 +408,8 @@ def estimate_xbzrle_auto_converge(changed_share: float, curve: DirtyCurve,
     however many pages it leaves."""
     one, plain, delta = _xbzrle(changed_share, ctx)
     whole = _stream(plain, one)
-    run = autoconverge.simulate(whole, whole, curve, later=_stream(delta, one))
+    run = autoconverge.simulate(whole, whole, curve, later=_stream(delta, one),
+                                full_at=FULL_AT)
     whole_bytes = sum(run.round_bytes[:2])  # the first pass and the first re-send
     return Estimate(run.seconds, run.wire_bytes, run.work_lost, whole.rate,
                     page_rate(delta, one),
