@@ -101,6 +101,7 @@ from livemig.policy.base import (
     Snapshot,
     StrategyExhausted,
 )
+from livemig.policy.convergence import FULL_AT as FULL_AT_PCT
 
 SAFETY = 0.8  # aim the next remainder at 80 % of what the downtime limit allows
 DEEP = 90  # % above which the guest runs below 10 % of normal
@@ -116,7 +117,7 @@ STALL = 0.95  # a round whose remainder is above 95 % of the last one's made no 
 # SATURATED_BY less than the round did, shows a saturated set (see the module's text)
 SHORTER = 0.8
 SATURATED_BY = 0.15
-FULL_AT = 0.5  # a throttle from which the switchover budget is the drain's (see above)
+FULL_AT = FULL_AT_PCT / 100  # a throttle from which the budget is the drain's (see above)
 
 
 class ConvergeThrottle:
