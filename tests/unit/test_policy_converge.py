@@ -356,3 +356,24 @@ def test_a_first_pass_in_another_codec_does_not_throttle_the_rounds_of_the_new_o
     acts = p.decide(Snapshot(t=5.1, rounds=3, remaining=420 * MB, dirty_rate=700 * MB,
                              bandwidth=46 * MB, page_rate=800 * MB))
     assert len(acts) == 1 and "drained at 800 MiB/s" in acts[0].reason, acts
+
+
+def test_a_rounds_shrink_counts_as_unthrottled_under_the_throttle_it_ran_under():
+    """Round 3 left 111 % of round 2's remainder unthrottled; round 4 then ran at 90 %
+    and left 42 % of round 3's. Unthrottled, round 4 would have left 0.42 / 0.1 = 4.2×
+    its remainder; round 3's 1.11 stays 1.11, not 11.1 because a throttle came after
+    it (read so, it asked for the deepest throttle the limit allows)."""
+    p = ConvergeThrottle(300)
+    kw = {"dirty_rate": 80 * MB, "bandwidth": 11 * MB}
+    assert p.decide(Snapshot(t=0, rounds=1, remaining=1000 * MB, page_rate=50 * MB, **kw)) == []
+    assert p.decide(Snapshot(t=13, rounds=2, remaining=270 * MB, page_rate=50 * MB, **kw)) == []
+    (a,) = p.decide(Snapshot(t=18.7, rounds=3, remaining=300 * MB, page_rate=50 * MB, **kw))
+    assert isinstance(a, SetThrottle) and a.percent == DEEP  # a 6 s round: 90 % first
+    (b,) = p.decide(Snapshot(t=21.5, rounds=4, remaining=125 * MB, page_rate=179 * MB,
+                             throttle_pct=DEEP, **kw))
+    assert isinstance(b, SetThrottle)
+    drain = 0.5 * 179 * MB + 0.5 * 50 * MB  # the drain's EWMA
+    d = min(125 / 2.8, 80) * MB
+    free = max(d / drain / 0.1, (125 / 300) / 0.1, 300 / 270)
+    target = 0.8 * drain * 0.3 / (125 * MB)
+    assert b.percent == round(100 * (1 - target / free) + 0.5) < p.max_pct

@@ -38,7 +38,8 @@ granularity, and a short round would otherwise read as a guest dirtying faster t
 writes. The rates alone can promise a shrink the rounds do not deliver (QEMU also syncs
 mid-pass, and a saturated hot set dirties as much in a short round as in a long one),
 so ``q`` at θ = 0 is the larger of the rates' ``d / B`` and the observed ``R_k /
-R_{k-1}`` of the slower of the last two rounds. At the first decision there is no
+R_{k-1}`` of the slower of the last two rounds, each scaled to θ = 0 by the
+throttle it ran under. At the first decision there is no
 observed shrink, only the first pass's rates, the least sure of all (a slow start,
 host noise): a guest they say may shrink by itself is left unthrottled
 for one more round, and throttled only if the rounds then stop shrinking. Only a
@@ -132,7 +133,7 @@ class ConvergeThrottle:
         self._round = -1
         self._round_t = 0.0
         self._prev: tuple[float, int] | None = None  # (duration of last round, R at its start)
-        self._ratio = 0.0  # R_k / R_{k-1} seen at the last round's start
+        self._ratio = 0.0  # R_k / R_{k-1} seen at the last round's start, as unthrottled
         self._at_max = 0
         self._peak = 0.0  # the fastest drain seen so far (bytes/s)
         self.switchover_w = 0.0  # avail-switchover-bandwidth once set: QEMU's W
@@ -210,10 +211,13 @@ class ConvergeThrottle:
             d = min(d, s.dirty_rate)
         now = self.percent / 100.0
         # what the rounds did, not only what the rates say: syncs also happen mid-pass
-        # and a hot set saturates, so the slower of the last two rounds' shrink counts
+        # and a hot set saturates, so the slower of the last two rounds' shrink counts,
+        # each as it would have been unthrottled: the last round ran under ``now``, the
+        # one before under the throttle of its own time (an unthrottled round's 0.9
+        # is not 9 once a 90 % throttle came after it)
         ratio = r / prev[1] if prev is not None and prev[1] > 0 else 0.0
-        shrink, self._ratio = max(ratio, self._ratio), ratio
-        free = max(d / b, shrink) / (1.0 - now)
+        shrink, self._ratio = max(ratio / (1.0 - now), self._ratio), ratio / (1.0 - now)
+        free = max(d / b / (1.0 - now), shrink)
         t_round = r / b
         if prev is None and d / self._peak / (1.0 - now) <= 1.0:
             # one pass is all the evidence, and its rates are the least sure (host
