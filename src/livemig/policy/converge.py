@@ -231,11 +231,11 @@ class ConvergeThrottle:
         max_rounds = 1 if saturated else MAX_ROUNDS
         theta, rounds = plan(t_round, free, SAFETY * budget / r, max_rounds=max_rounds)
         full = b * self.downtime_s  # the budget at the drain's rate (guest bytes)
-        if not self.full_budget and full > budget and max(theta, now) >= FULL_AT:
-            # the guest is to be held at half speed or less: the pause the limit allows
-            # costs it less than the rounds a wire-rate budget takes (module's text)
+        if full > budget and (self.full_budget or max(theta, now) >= FULL_AT):
+            # the guest is (or was) to be held at half speed or less: the pause the
+            # limit allows costs it less than the rounds a wire-rate budget takes
+            # (module's text)
             self.full_budget = True
-        if self.full_budget and full > budget:
             budget = full
             theta, rounds = (0.0, 0) if r <= budget else plan(
                 t_round, free, SAFETY * budget / r, max_rounds=max_rounds)

@@ -47,7 +47,7 @@ import lz4.block  # type: ignore[import-untyped]
 import zstandard
 
 from livemig.policy import autoconverge, dirtying
-from livemig.policy.convergence import FULL_AT as _FULL_AT_PCT
+from livemig.policy.converge import FULL_AT
 from livemig.policy.dirtying import DirtyCurve
 
 PAGE = 4096
@@ -76,9 +76,6 @@ SWITCH_KEY = "x-multifd-compression-switch"
 XBZRLE_SPEED = 5e8
 # bytes an xbzrle page costs beyond its changed bytes (run headers), as a share of it
 XBZRLE_OVERHEAD = 0.004
-# the throttle from which the profile's switchover-bandwidth policy (on in the livemig
-# profile, whose encoding this chooses) gives QEMU the page rate for its switchover
-FULL_AT = _FULL_AT_PCT / 100
 
 # a --set of any of these: no automatic choice
 KEYS = frozenset({"xbzrle", "xbzrle-cache-size", "multifd", "multifd-channels",
@@ -392,6 +389,8 @@ def _stream(c: Codec, ctx: Context) -> autoconverge.Stream:
 def estimate_auto_converge(first: Codec, resend: Codec, curve: DirtyCurve,
                            ctx: Context) -> Estimate:
     """:func:`estimate` for a QEMU that converges by its auto-converge ladder."""
+    # full_at: the throttle from which the profile's switchover-bandwidth policy (on in
+    # the livemig profile, whose encoding this chooses) gives QEMU the page rate
     run = autoconverge.simulate(_stream(first, ctx), _stream(resend, ctx), curve,
                                 full_at=FULL_AT)
     again = run.page_bytes - curve.nonzero
