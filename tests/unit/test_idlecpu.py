@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 from livemig import idlecpu
@@ -58,3 +59,14 @@ def test_a_failed_first_reading_gives_none() -> None:
 def test_this_host_reads() -> None:
     got = asyncio.run(idlecpu.IdleMeter(idlecpu.proc_stat, window=0.05).idle_cpus())
     assert got is not None and 0.0 <= got <= (os.cpu_count() or 1)
+
+
+def test_a_reading_may_ask_for_a_shorter_window_than_the_meters() -> None:
+    """The deferred encoding's reading before ``migrate`` waits SHORT_WINDOW_S, not
+    the meter's WINDOW_S (the user would wait for it)."""
+    readings = iter([(0.0, 0.0, 2), (100.0, 200.0, 2)])
+    meter = idlecpu.IdleMeter(lambda: next(readings), window=30.0)
+    t0 = time.monotonic()
+    assert asyncio.run(meter.idle_cpus(window=0.05)) == 1.0
+    assert time.monotonic() - t0 < 5.0
+    assert idlecpu.SHORT_WINDOW_S < idlecpu.WINDOW_S

@@ -38,7 +38,7 @@ from livemig.engine.events import EventStream
 from livemig.engine.linkprobe import peer_of, source_link
 from livemig.engine.plan import Plan
 from livemig.errors import LivemigError, UsageError, VMError
-from livemig.idlecpu import IdleMeter
+from livemig.idlecpu import SHORT_WINDOW_S, IdleMeter
 from livemig.policy import encoding
 from livemig.sampling.base import Sampler
 from livemig.sampling.peek import PeekSampler, Read
@@ -140,8 +140,12 @@ async def adapt(src: QmpEnd, plan: Plan, hints: Hints, events: EventStream) -> A
     deferred: Deferred | None = None
     if await _can_defer(src, plan, hints, commands):
         # the delta cache's size needs the guest's RAM and the host's free memory
-        # (~0.05 s of queries before `migrate`); the choice reuses what they read
-        known = await context(src, plan, hints, switch=True)  # _can_defer read it
+        # (~0.05 s of queries before `migrate`); the choice reuses what they read,
+        # the idle CPUs over the checks too (the short window: the start is zstd
+        # whatever they show, and a reading during the migration would count its
+        # own threads as the host's load)
+        known = await context(src, plan, hints, switch=True,  # _can_defer read it
+                              idle_window=SHORT_WINDOW_S)
 
         async def choose(ev: EventStream) -> tuple[dict[str, Any], dict[str, str]]:
             rec, applied = await _encoding(src, plan, hints, commands, ev, auto_converge,
@@ -317,12 +321,13 @@ def sampler_for(src: QmpEnd, mode: str, commands: set[str],
 
 async def context(src: QmpEnd, plan: Plan, hints: Hints,
                   switch: bool | None = None,
-                  queried: asyncio.Event | None = None) -> encoding.Context:
+                  queried: asyncio.Event | None = None,
+                  idle_window: float | None = None) -> encoding.Context:
     """The link (or --bandwidth), the CPUs beside the vCPUs, the guest's RAM and what
     this QEMU's multifd can encode with, all read from QEMU where QEMU knows it;
     ``switch``: whether both ends can switch codecs, when the caller knows already;
     ``queried``: set once the queries are answered, before the idle CPUs' reading
-    waits out its window."""
+    waits out its window (``idle_window``: a shorter one than the meter's)."""
     vcpus = len(await src.cmd("query-cpus-fast"))
     mem = await src.cmd("query-memory-size-summary")
     ram = int(mem.get("base-memory", 0)) + int(mem.get("plugged-memory", 0) or 0)
@@ -349,7 +354,7 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
         tls=hints.tls if hints.tls is not None else plan.tls is not None,
         dst_local=hints.dst_local,
         # read only for a choice (its wait is the user's): a set encoding takes no level
-        idle_cpus=(await hints.idle.idle_cpus()
+        idle_cpus=(await hints.idle.idle_cpus(idle_window)
                    if hints.idle is not None and plan.livemig_setting("encoding") == "auto"
                    else None))
 
