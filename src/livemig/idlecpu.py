@@ -8,9 +8,10 @@ host's ``/proc/stat`` (a QEMU livemig reaches by its pid), or the source libvirt
 daemon's ``virNodeGetCPUStats`` (:func:`livemig.virt.sampling.node_counters`).
 
 A :class:`IdleMeter` takes its first reading when it is made and its second when
-asked, at least :data:`WINDOW_S` later: a caller makes it as soon as it has reached
-the source, before its checks and negotiation, so that the window has mostly passed
-by the time the model asks.
+asked, at least :data:`WINDOW_S` later (:data:`SHORT_WINDOW_S` for the deferred
+choice, whose reading would otherwise hold ``migrate`` back): a caller makes it as soon
+as it has reached the source, before its checks and negotiation, so that the window
+has mostly passed by the time the model asks.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from collections.abc import Callable
 Counters = tuple[float, float, int]
 Reader = Callable[[], Counters | None]
 
-WINDOW_S = 0.3  # the shortest window read: /proc/stat counts in 10 ms ticks per CPU
-# ... where the user would wait for it before ``migrate``: a choice made while the
+# the window a choice made before ``migrate`` reads (its wait overlaps the page
+# sample's): /proc/stat counts in 10 ms ticks per CPU
+WINDOW_S = 0.3
+# ... and where the user would wait for it before ``migrate``: a choice made while the
 # migration runs (the patched build's deferred encoding) reads the host before
 # ``migrate`` over what the checks took, at least this long (20 ticks on 2 CPUs: the
 # idle share to 5 %), instead of holding the start back: on migrations of 4-5 s, the
