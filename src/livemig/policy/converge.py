@@ -215,8 +215,8 @@ class ConvergeThrottle:
         # each as it would have been unthrottled: the last round ran under ``now``, the
         # one before under the throttle of its own time (an unthrottled round's 0.9
         # is not 9 once a 90 % throttle came after it)
-        ratio = r / prev[1] if prev is not None and prev[1] > 0 else 0.0
-        shrink, self._ratio = max(ratio / (1.0 - now), self._ratio), ratio / (1.0 - now)
+        ratio = (r / prev[1] if prev is not None and prev[1] > 0 else 0.0) / (1.0 - now)
+        shrink, self._ratio = max(ratio, self._ratio), ratio
         free = max(d / b / (1.0 - now), shrink)
         t_round = r / b
         if prev is None and d / self._peak / (1.0 - now) <= 1.0:
