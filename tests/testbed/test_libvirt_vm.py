@@ -231,6 +231,11 @@ def test_shared_storage_domain_moves_to_dst(daemons: dict[str, str], tmp_path: P
                                       "gone_from_source": True}
         rounds = [e["iteration"] for e in rep["events"] if e["event"] == "round"]
         assert rounds and rounds == sorted(rounds)  # libvirt's iteration events
+        # the domain's QEMU runs on this kernel: its vCPUs' share of the CPU they ask
+        # for is read from their scheduler statistics
+        (share,) = [e for e in rep["events"] if e["event"].startswith("vcpu share")]
+        assert share["event"] == "vcpu share read", share
+        assert share["from"].startswith("this host's scheduler statistics"), share
         assert _where(name) == {"src": None, "dst": "running"}
         assert _guest_answers(), "the guest does not answer from the dst host"
         ram = rep["consistency"]["ram_detail"]

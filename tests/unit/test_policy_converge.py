@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from livemig.policy.base import SetThrottle, Snapshot, StrategyExhausted
-from livemig.policy.converge import DEEP, MAX_PCT, MAX_ROUNDS, ConvergeThrottle, plan
+from livemig.policy.converge import (
+    DEEP,
+    MAX_PCT,
+    MAX_ROUNDS,
+    MIN_DEEP,
+    ConvergeThrottle,
+    deep_pct,
+    plan,
+)
 
 MB = 1 << 20
 
@@ -377,3 +385,34 @@ def test_a_rounds_shrink_counts_as_unthrottled_under_the_throttle_it_ran_under()
     free = max(d / drain / 0.1, (125 / 300) / 0.1, 300 / 270)
     target = 0.8 * drain * 0.3 / (125 * MB)
     assert b.percent == round(100 * (1 - target / free) + 0.5) < p.max_pct
+
+
+def test_the_deep_cap_leaves_a_contended_guest_what_it_leaves_an_idle_one():
+    """(1 − θ) × share = 1 − DEEP: 90 % uncontended (or unknown), 86 % when the vCPUs
+    get 74 % of the CPU they ask for, never below MIN_DEEP."""
+    assert deep_pct(0.0) == deep_pct(1.0) == DEEP
+    assert deep_pct(0.74) == 86
+    assert deep_pct(0.5) == 80
+    assert deep_pct(0.05) == MIN_DEEP
+    assert all(deep_pct(k / 100) <= deep_pct((k + 1) / 100) for k in range(1, 100))
+
+
+def _capped_round(share: float) -> SetThrottle:
+    """The recorded slow-link rounds (a 6 s round that needs more than DEEP), with
+    the vCPUs' share of the CPU they asked for on every poll."""
+    p = ConvergeThrottle(300)
+    kw = {"dirty_rate": 80 * MB, "bandwidth": 11 * MB, "page_rate": 50 * MB,
+          "vcpu_share": share}
+    assert p.decide(Snapshot(t=0, rounds=1, remaining=1000 * MB, **kw)) == []
+    assert p.decide(Snapshot(t=13, rounds=2, remaining=270 * MB, **kw)) == []
+    (a,) = p.decide(Snapshot(t=18.7, rounds=3, remaining=300 * MB, **kw))
+    assert isinstance(a, SetThrottle)
+    return a
+
+
+def test_a_long_deep_round_on_a_busy_host_is_capped_where_the_guest_keeps_a_tenth():
+    a = _capped_round(0.74)
+    assert a.percent == 86, a
+    assert "vCPUs get 74% of the CPU they ask for" in a.reason, a.reason
+    assert _capped_round(1.0).percent == DEEP  # an idle host: the constant's premise
+    assert _capped_round(0.0).percent == DEEP  # not read: the same

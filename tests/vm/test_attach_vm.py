@@ -104,6 +104,10 @@ def test_attach_migrates_verifies_resumes_and_restores(pair, tmp_path):
         assert key in rep, key
     assert rep["outcome"] == "completed", rep.get("reason")
     assert rep["mode"] == "attach"
+    # the busy guest's vCPUs' share of the CPU they asked for, read from this host's
+    # kernel at each poll (the converge throttle's deep cap follows it)
+    shares = [x["vcpu_share"] for x in rep["timeline"] if "vcpu_share" in x]
+    assert shares and all(0.0 < x <= 1.0 for x in shares), rep["timeline"]
     if patched:  # the profile was applied
         assert rep["settings"]["livemig"]["throttle"] == "converge"
         # both ends can switch codecs (patches 0012, 0013): the sample ran beside the

@@ -2,9 +2,11 @@
 
 Each period the source (:class:`MigrationSource`: the source QEMU's QMP, or
 libvirt's migration job adapted to it) is polled once (``query-migrate``), the reply
-parsed once into an :class:`Observation`, the policies run (the executor returns a
-:class:`Verdict`), and then the loop waits for the next tick — woken early by the
-source's ``MIGRATION`` events and by the end of the first pass (``MIGRATION_PASS`` 2).
+parsed once into an :class:`Observation` (with the vCPUs' share of the CPU they asked
+for, when a :class:`~livemig.engine.vcpushare.VcpuShare` reads it), the policies run
+(the executor returns a :class:`Verdict`), and then the loop waits for the next tick
+— woken early by the source's ``MIGRATION`` events and by the end of the first pass
+(``MIGRATION_PASS`` 2).
 Whatever decides to cancel (a policy, ``--max-time``, Ctrl-C, a dead destination)
 goes through the same ``migrate_cancel``; the loop then runs on until QEMU
 reports a terminal state. Once the migration is in post-copy nothing cancels it (the
@@ -29,7 +31,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from livemig.engine.decision import CONTINUE, Decision, Verdict
@@ -37,6 +39,7 @@ from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
 from livemig.engine.observe import DISK_FIRST, POLICY_STATES, Observation
 from livemig.engine.stall import StallWatch, SwitchoverWatch
+from livemig.engine.vcpushare import VcpuShare
 from livemig.errors import VMError
 from livemig.policy.base import Snapshot
 
@@ -106,7 +109,8 @@ class Monitor:
                  on_tick: Callable[[], None] | None = None,
                  switchover: SwitchoverWatch | None = None,
                  on_postcopy: Callable[[], Awaitable[bool]] | None = None,
-                 start_ram: Callable[[], Awaitable[None]] | None = None) -> None:
+                 start_ram: Callable[[], Awaitable[None]] | None = None,
+                 vcpus: VcpuShare | None = None) -> None:
         self.src = src
         self.dst = dst
         self.events = events
@@ -129,6 +133,7 @@ class Monitor:
         self.postcopy_asked: float | None = None  # when migrate-start-postcopy was issued
         # disk first: issues ``migrate`` once the disk copy is ready (None: RAM started)
         self.start_ram = start_ram
+        self.vcpus = vcpus  # the vCPUs' share of the CPU they ask for, read each poll
 
     async def run(self) -> Terminal:
         start = time.monotonic()
@@ -142,6 +147,8 @@ class Monitor:
             info = ({"status": DISK_FIRST} if self.start_ram is not None  # no migration yet
                     else await self._query())
             obs = Observation.parse(now - self.t_migrate, info)
+            if self.vcpus is not None:
+                obs = replace(obs, vcpu_share=await asyncio.to_thread(self.vcpus.poll))
             sample = {**obs.sample(), **await self.hooks.on_poll(now, obs)}
             self.timeline.append(sample)
             self.events.sample(obs.t, sample)

@@ -36,6 +36,9 @@ class Observation:
     expected_downtime_ms: int | None
     deferred_pages: int | None
     error: str | None
+    # the vCPUs' share of the CPU time they asked for over the last poll
+    # (:mod:`livemig.engine.vcpushare`); None: not read
+    vcpu_share: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -71,6 +74,7 @@ class Observation:
             disk_remaining=d.get("remaining"), disk_total=d.get("total"),
             disk_ready=bool(d.get("ready")), disk_dirty_rate=d.get("dirty_rate"),
             disk_write_rate=d.get("write_rate"), page_rate=self.page_rate,
+            vcpu_share=self.vcpu_share or 0.0,
         )
 
     def sample(self) -> dict[str, Any]:
@@ -84,6 +88,8 @@ class Observation:
         }
         if self.deferred_pages is not None:
             s["deferred_pages"] = self.deferred_pages
+        if self.vcpu_share is not None:
+            s["vcpu_share"] = round(self.vcpu_share, 3)
         if self.bandwidth and self.remaining is not None:
             s["eta_s"] = self.remaining / self.bandwidth
         return s

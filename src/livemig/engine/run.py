@@ -44,6 +44,7 @@ from livemig.engine.record import MigrationRecord
 from livemig.engine.sockstat import link_state, tcp_port
 from livemig.engine.stall import SwitchoverWatch
 from livemig.engine.switch import switch, switch_outcome
+from livemig.engine.vcpushare import VcpuShare, schedstat_reader
 from livemig.engine.verify import RamVerdict, skipped, verify_ram
 from livemig.errors import LivemigError, UsageError, VMError
 from livemig.settings import ram_check_budget_s
@@ -217,7 +218,8 @@ class Engine:
                       on_tick=self.pinner.apply if self.pinner is not None else None,
                       switchover=self._switchover_watch(),
                       on_postcopy=self._postcopy_resume,
-                      start_ram=self._start_ram if disk_first else None)
+                      start_ram=self._start_ram if disk_first else None,
+                      vcpus=await self._vcpu_share())
         if not disk_first:
             await self._start_ram()
         end = await mon.run()
@@ -489,6 +491,23 @@ class Engine:
                         else {"mode": mode, "applied": False, "reason": why})
         self.events.event("pinning", **{k: v for k, v in self.pinning.items()
                                         if k != "threads"})
+
+    async def _vcpu_share(self) -> VcpuShare | None:
+        """The source's vCPUs' share of the CPU they ask for, read from this host's
+        kernel when its QEMU runs here (the converge throttle's deep cap follows it)."""
+        pid = self.src.pid
+        if pid is None:
+            self.events.event("vcpu share not read", reason="the source QEMU is not a "
+                              "process on this host")
+            return None
+        cpus = await self.src.cmd("query-cpus-fast")
+        tids = [int(c["thread-id"]) for c in cpus if "thread-id" in c]
+        meter = VcpuShare(schedstat_reader(pid, tids)) if tids else None
+        if meter is None or meter.read() is None:
+            self.events.event("vcpu share not read", reason="no scheduler statistics "
+                              f"for the source's vCPU threads {tids}")
+            return None
+        return meter
 
     async def _release_controls(self) -> None:
         """No throttle and no IO cap survive the migration, whatever its outcome."""

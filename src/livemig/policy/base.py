@@ -26,6 +26,9 @@ class Snapshot:
     # unlike ``bandwidth`` (bytes on the wire) it does not shrink with compression,
     # so it is what the remainder, in guest bytes, is drained at; 0 when unknown
     page_rate: float = 0.0
+    # the share of the CPU time the guest's vCPUs asked for that they got (the host's
+    # contention: 1.0 on an idle host, whatever the throttle); 0 when unknown
+    vcpu_share: float = 0.0
 
     @classmethod
     def from_query_migrate(cls, t: float, info: dict[str, Any],

@@ -86,7 +86,16 @@ switchover itself: ``θ ≤ L / (L + 10 ms)`` (96 % at 300 ms, 99 % from 990 ms)
 When θ would exceed ``DEEP`` (the guest below 10 % of normal) for longer than
 ``DEEP_MAX_S``, the throttle holds at ``DEEP`` for that long and recomputes at the
 next round: deep throttling for long is what stock auto-converge avoids and what the
-harm figures count. ``MAX_PCT`` held for ``HOLD_ROUNDS`` rounds whose remainder did
+harm figures count. ``DEEP`` leaves the guest 10 % of its speed on a host that gives
+its vCPUs all the CPU they ask for. On a busy one (the migration's and the codec's
+threads on the same cores) they also wait in the run queue for part of the time the
+throttle lets them run, and a 90 % round left a busy database below 10 % of normal for
+as long as it ran (3.5 s, docs/results/slow-link-2026-11-30b). So the cap follows the
+share of the CPU they asked for that the vCPUs got (``vcpu_share``, read from the
+kernel's per-thread scheduler figures, :mod:`livemig.engine.vcpushare`): the deepest
+θ with ``(1−θ) × share ≥ 1 − DEEP``, :func:`deep_pct`; at least ``MIN_DEEP`` (a host
+so busy that the guest is near 10 % unthrottled gains nothing from a shallower cap,
+and the round must still shrink). ``MAX_PCT`` held for ``HOLD_ROUNDS`` rounds whose remainder did
 not shrink by ``STALL`` exhausts the strategy (the last resort decides: force,
 abort, post-copy); rounds at the maximum that still shrink are left to run.
 """
@@ -105,7 +114,8 @@ from livemig.policy.base import (
 from livemig.policy.convergence import FULL_AT as FULL_AT_PCT
 
 SAFETY = 0.8  # aim the next remainder at 80 % of what the downtime limit allows
-DEEP = 90  # % above which the guest runs below 10 % of normal
+DEEP = 90  # % above which the guest runs below 10 % of normal (its vCPUs uncontended)
+MIN_DEEP = 50  # the shallowest the deep cap goes on a busy host (see above)
 DEEP_MAX_S = 3.0  # at most this long at a time below 10 % (the harm target's floor)
 MAX_PCT = 99
 SLICE_S = 0.010  # QEMU's CPU_THROTTLE_TIMESLICE_NS: a throttled vCPU sleeps in these
@@ -143,6 +153,7 @@ class ConvergeThrottle:
         # the switchover budget asked for: the drain's rate (guest bytes) × the limit,
         # not the wire's (see the module's text); read by SwitchoverBandwidth
         self.full_budget = False
+        self.share = Ewma(0.5)  # the vCPUs' share of the CPU they ask for (0: unknown)
 
     def expect_codec_switch(self) -> None:
         """The codec changes when the first pass is over: the first decision then
@@ -179,6 +190,7 @@ class ConvergeThrottle:
         b = self.rate.add(raw)
         w = self.wire.add(s.bandwidth)  # 0 until the stream reported one
         self._peak = max(self._peak, raw)
+        self.share.add(s.vcpu_share)
         if s.rounds <= self._round:
             return []
         started, last_t = self._round >= 0, self._round_t
@@ -249,9 +261,13 @@ class ConvergeThrottle:
             why += (f"; the last round took {prev_len / prev[0]:.0%} of the one before "
                     f"and left {r / prev[1]:.0%} of its remainder: a set the guest "
                     "fills within a round, which only one deep round shrinks")
-        if pct > DEEP and t_round > DEEP_MAX_S and self.percent < DEEP:
-            pct = DEEP  # the round would keep the guest below 10 % too long: shrink R first
-            why += f"; needs more than {DEEP}% for {t_round:.1f}s: {DEEP}% this round"
+        deep = deep_pct(self.share.value or 0.0)
+        if pct > deep and t_round > DEEP_MAX_S and self.percent < deep:
+            pct = deep  # the round would keep the guest below 10 % too long: shrink R first
+            why += f"; needs more than {deep}% for {t_round:.1f}s: {deep}% this round"
+            if deep < DEEP:
+                why += (f" (the vCPUs get {self.share.value:.0%} of the CPU they ask for: "
+                        f"{deep}% leaves the guest what {DEEP}% would on an idle host)")
         stalled = prev is not None and r >= STALL * prev[1]
         if pct >= top and self.percent >= top and stalled:
             self._at_max += 1
@@ -265,6 +281,16 @@ class ConvergeThrottle:
         self.percent = pct
         return [SetThrottle(f"{why} -> {pct}% to converge in {rounds} more "
                             f"round{'s' if rounds != 1 else ''}", pct)]
+
+
+def deep_pct(share: float) -> int:
+    """The deepest throttle that leaves a guest whose vCPUs get ``share`` of the CPU
+    they ask for the speed ``DEEP`` leaves it on an idle host (module's text); ``DEEP``
+    when the share is unknown (0)."""
+    if share <= 0.0 or share >= 1.0:
+        return DEEP
+    pct = math.floor(100.0 * (1.0 - (1.0 - DEEP / 100.0) / share) + 1e-9)
+    return max(MIN_DEEP, min(DEEP, pct))
 
 
 def plan(t_round: float, free: float, target: float,

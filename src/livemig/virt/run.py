@@ -82,6 +82,7 @@ from livemig.virt.plan import (
 from livemig.virt.repair import put_back
 from livemig.virt.sampling import DomainEnd, adapt_domain, node_meter
 from livemig.virt.stats import PREPARE, disk_observation, disk_sample
+from livemig.virt.vcpus import vcpu_share
 
 log = logging.getLogger(__name__)
 
@@ -414,10 +415,14 @@ class DomainMigration:
                 events = EventStream(self.run.t0)
                 events.log = self.run.events  # one list: the run's events
                 events.subscribe(progress_listener(self.progress))
+                vcpus, how = vcpu_share(self.src_conn, self.dom)
+                self.run.event("vcpu share " + ("read" if vcpus else "not read"),
+                               **{"from" if vcpus else "reason": how})
                 monitor = Monitor(job, events, plan.poll_interval, self.run.t_migrate,
                                   self.opts.max_time, self._interrupt, executor,
                                   _Hooks(self, job), self.run.timeline,
-                                  stall_timeout=plan.stall_timeout, release=executor.release)
+                                  stall_timeout=plan.stall_timeout, release=executor.release,
+                                  vcpus=vcpus)
                 try:
                     end = self._await(self._watched(monitor, events))
                 except VMError as e:  # the job did not end within the abort's time

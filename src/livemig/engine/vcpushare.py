@@ -1,0 +1,85 @@
+"""How much of the CPU time the guest's vCPUs asked for they got: the host's contention.
+
+A CPU throttle θ lets a vCPU run ``1 − θ`` of the time, and the converge policy caps it
+where that leaves the guest 10 % of its speed (:data:`livemig.policy.converge.DEEP`).
+That premise holds on an idle host. On a busy one (the migration's own threads, the
+codec's, other guests) the vCPU also waits in the run queue for part of the time it
+may run, and a 90 % throttle left a busy database below 10 % of normal for the whole
+capped round (docs/results/slow-link-2026-11-30b). The kernel counts both halves per
+thread: the nanoseconds a thread ran and the nanoseconds it was runnable but waited
+(``/proc/<pid>/task/<tid>/schedstat``, the scheduler's ``sched_info``, on in every
+distribution kernel). Their ratio over a poll, summed over the vCPU threads, is the
+share of the time they wanted a CPU that they had one. A throttled vCPU's sleeps are
+not waits (it is off the run queue), so the share is the contention alone, at any
+throttle.
+
+Readers: the local kernel's per-thread figures when the QEMU runs on this host (a lab
+or attach QEMU, a libvirt domain whose process is here), libvirt's ``vcpu.<n>.time``
+and ``vcpu.<n>.delay`` (the same schedstat figures, from libvirt 10.2 on) for a
+domain on another host; none: the share is unknown and the policy keeps its premise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+# (ns run, ns waited in the run queue), summed over the vCPU threads, since they started
+Counters = tuple[int, int]
+Reader = Callable[[], Counters | None]
+# a poll in which the vCPUs asked for less than this much CPU time (an idle guest)
+# says nothing of contention: its share is noise, and a throttle costs it little
+MIN_ASKED_S = 0.005
+
+
+def schedstat_reader(pid: int, tids: Sequence[int]) -> Reader:
+    """The local kernel's figures for these vCPU threads of process ``pid``; the
+    reader returns None once a thread is gone (the QEMU exited) or unreadable."""
+    paths = [Path(f"/proc/{pid}/task/{t}/schedstat") for t in tids]
+
+    def read() -> Counters | None:
+        run = wait = 0
+        try:
+            for p in paths:
+                fields = p.read_text().split()
+                run += int(fields[0])
+                wait += int(fields[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        return run, wait
+    return read
+
+
+def libvirt_counters(stats: dict[str, object]) -> Counters | None:
+    """libvirt's ``VIR_DOMAIN_STATS_VCPU`` record (``vcpu.<n>.time``,
+    ``vcpu.<n>.delay``, ns) as counters; None when it has no ``delay`` (libvirt
+    before 10.2: its ``wait`` is only counted with the kernel's schedstats sysctl on,
+    and a zero there would read as a host without contention)."""
+    n = int(str(stats.get("vcpu.current", 0)))
+    run = wait = 0
+    for i in range(n):
+        t, d = stats.get(f"vcpu.{i}.time"), stats.get(f"vcpu.{i}.delay")
+        if not isinstance(t, int) or not isinstance(d, int):
+            return None
+        run += t
+        wait += d
+    return (run, wait) if n else None
+
+
+class VcpuShare:
+    """Each :meth:`poll`: the vCPUs' share of the CPU they asked for since the last
+    one (0..1), or None (no reading, the first poll, an idle guest)."""
+
+    def __init__(self, read: Reader) -> None:
+        self.read = read
+        self._last = read()
+
+    def poll(self) -> float | None:
+        cur = self.read()
+        last, self._last = self._last, cur
+        if cur is None or last is None:
+            return None
+        run, wait = cur[0] - last[0], cur[1] - last[1]
+        if run < 0 or wait < 0 or run + wait < MIN_ASKED_S * 1e9:
+            return None
+        return run / (run + wait)
