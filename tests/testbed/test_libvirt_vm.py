@@ -28,6 +28,7 @@ import pytest
 from conftest import INITRD, KERNEL, ROOT, livemig_cmd
 from livemig.testbed import libvirtd, netns, topology
 from livemig.units import parse_link_rate
+from livemig.virt.vcpus import domain_stats_reader
 
 pytestmark = [pytest.mark.testbed, pytest.mark.libvirt]
 
@@ -236,6 +237,13 @@ def test_shared_storage_domain_moves_to_dst(daemons: dict[str, str], tmp_path: P
         (share,) = [e for e in rep["events"] if e["event"].startswith("vcpu share")]
         assert share["event"] == "vcpu share read", share
         assert share["from"].startswith("this host's scheduler statistics"), share
+        # a QEMU on another host is read through its daemon: vcpu.<n>.time and .delay
+        c = _conn("dst")
+        try:
+            counters = domain_stats_reader(c, c.lookupByName(name))()
+        finally:
+            c.close()
+        assert counters is not None and counters[0] > 0, counters
         assert _where(name) == {"src": None, "dst": "running"}
         assert _guest_answers(), "the guest does not answer from the dst host"
         ram = rep["consistency"]["ram_detail"]

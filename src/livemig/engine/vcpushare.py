@@ -15,8 +15,9 @@ throttle.
 
 Readers: the local kernel's per-thread figures when the QEMU runs on this host (a lab
 or attach QEMU, a libvirt domain whose process is here), libvirt's ``vcpu.<n>.time``
-and ``vcpu.<n>.delay`` (the same schedstat figures, from libvirt 10.2 on) for a
-domain on another host; none: the share is unknown and the policy keeps its premise.
+and ``vcpu.<n>.delay`` (the thread's CPU time, and its schedstat run-queue wait; Debian
+12's libvirt 9.0 has both) for a domain on another host; none: the share is unknown
+and the policy keeps its premise.
 """
 
 from __future__ import annotations
@@ -52,9 +53,9 @@ def schedstat_reader(pid: int, tids: Sequence[int]) -> Reader:
 
 def libvirt_counters(stats: dict[str, object]) -> Counters | None:
     """libvirt's ``VIR_DOMAIN_STATS_VCPU`` record (``vcpu.<n>.time``,
-    ``vcpu.<n>.delay``, ns) as counters; None when it has no ``delay`` (libvirt
-    before 10.2: its ``wait`` is only counted with the kernel's schedstats sysctl on,
-    and a zero there would read as a host without contention)."""
+    ``vcpu.<n>.delay``, ns) as counters; None when it has no ``delay`` (an older
+    daemon: its ``wait`` is only counted with the kernel's schedstats sysctl on, and
+    a zero there would read as a host without contention)."""
     n = int(str(stats.get("vcpu.current", 0)))
     run = wait = 0
     for i in range(n):

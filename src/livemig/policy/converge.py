@@ -84,18 +84,23 @@ one sleep would exceed the downtime limit, the pause the user accepted for the
 switchover itself: ``θ ≤ L / (L + 10 ms)`` (96 % at 300 ms, 99 % from 990 ms).
 
 When θ would exceed ``DEEP`` (the guest below 10 % of normal) for longer than
-``DEEP_MAX_S``, the throttle holds at ``DEEP`` for that long and recomputes at the
+``DEEP_MAX_S``, the throttle holds at a cap for that long and recomputes at the
 next round: deep throttling for long is what stock auto-converge avoids and what the
-harm figures count. ``DEEP`` leaves the guest 10 % of its speed on a host that gives
-its vCPUs all the CPU they ask for. On a busy one (the migration's and the codec's
-threads on the same cores) they also wait in the run queue for part of the time the
-throttle lets them run, and a 90 % round left a busy database below 10 % of normal for
-as long as it ran (3.5 s, docs/results/slow-link-2026-11-30b). So the cap follows the
-share of the CPU they asked for that the vCPUs got (``vcpu_share``, read from the
-kernel's per-thread scheduler figures, :mod:`livemig.engine.vcpushare`): the deepest
-θ with ``(1−θ) × share ≥ 1 − DEEP``, :func:`deep_pct`; at least ``MIN_DEEP`` (a host
-so busy that the guest is near 10 % unthrottled gains nothing from a shallower cap,
-and the round must still shrink). ``MAX_PCT`` held for ``HOLD_ROUNDS`` rounds whose remainder did
+harm figures count. The cap must leave the guest above a tenth of its speed in every
+stretch of its time the harm figures judge (``WINDOW_S``, 100 ms: the guest agent's
+report period), not on average. A throttle runs the vCPU in ``SLICE_S`` slices, one
+every ``SLICE_S / (1−θ)``: at 90 % a window holds one slice, 10 % of normal on an idle
+host and less on a busy one, where the vCPUs also wait in the run queue for part of
+the slice. The capped 90 % round of a busy database through libvirt counted as below
+10 % for as long as it ran (3.5 s, docs/results/slow-link-2026-11-30b); capped at 89 %
+it did the same (3.2-3.6 s), its vCPUs getting 83-98 % of the CPU they asked for
+(``vcpu_share``: the kernel's per-thread run and run-queue wait,
+:mod:`livemig.engine.vcpushare`). So the cap is the deepest θ whose windows each
+hold ``n`` whole slices with ``n × share > 1`` (:func:`deep_pct`): 80 % with the
+vCPUs uncontended or the share unknown (20 % of normal in every window), 70 % once
+they get half the CPU they ask for or less, never below ``MIN_DEEP`` (a host that
+busy leaves the guest little to lose, and the round must still shrink).
+``MAX_PCT`` held for ``HOLD_ROUNDS`` rounds whose remainder did
 not shrink by ``STALL`` exhausts the strategy (the last resort decides: force,
 abort, post-copy); rounds at the maximum that still shrink are left to run.
 """
@@ -114,8 +119,9 @@ from livemig.policy.base import (
 from livemig.policy.convergence import FULL_AT as FULL_AT_PCT
 
 SAFETY = 0.8  # aim the next remainder at 80 % of what the downtime limit allows
-DEEP = 90  # % above which the guest runs below 10 % of normal (its vCPUs uncontended)
-MIN_DEEP = 50  # the shallowest the deep cap goes on a busy host (see above)
+DEEP = 90  # % above which the guest runs below 10 % of normal
+MIN_DEEP = 50  # the shallowest the long round's cap goes on a busy host (see above)
+WINDOW_S = 0.1  # the harm figures' window (metrics.BIN_S), which the cap keeps above 10 %
 DEEP_MAX_S = 3.0  # at most this long at a time below 10 % (the harm target's floor)
 MAX_PCT = 99
 SLICE_S = 0.010  # QEMU's CPU_THROTTLE_TIMESLICE_NS: a throttled vCPU sleeps in these
@@ -265,9 +271,10 @@ class ConvergeThrottle:
         if pct > deep and t_round > DEEP_MAX_S and self.percent < deep:
             pct = deep  # the round would keep the guest below 10 % too long: shrink R first
             why += f"; needs more than {deep}% for {t_round:.1f}s: {deep}% this round"
-            if deep < DEEP:
-                why += (f" (the vCPUs get {self.share.value:.0%} of the CPU they ask for: "
-                        f"{deep}% leaves the guest what {DEEP}% would on an idle host)")
+            why += (f" (the vCPUs get {self.share.value:.0%} of the CPU they ask for"
+                    if self.share.value else " (the vCPUs' share of the CPU not read")
+            why += (f": {deep}% leaves the guest {(100 - deep) * (self.share.value or 1):.0f}%"
+                    f" of its speed in every {WINDOW_S * 1000:.0f} ms)")
         stalled = prev is not None and r >= STALL * prev[1]
         if pct >= top and self.percent >= top and stalled:
             self._at_max += 1
@@ -284,13 +291,13 @@ class ConvergeThrottle:
 
 
 def deep_pct(share: float) -> int:
-    """The deepest throttle that leaves a guest whose vCPUs get ``share`` of the CPU
-    they ask for the speed ``DEEP`` leaves it on an idle host (module's text); ``DEEP``
-    when the share is unknown (0)."""
-    if share <= 0.0 or share >= 1.0:
-        return DEEP
-    pct = math.floor(100.0 * (1.0 - (1.0 - DEEP / 100.0) / share) + 1e-9)
-    return max(MIN_DEEP, min(DEEP, pct))
+    """The cap of a long deep round: the deepest throttle whose every ``WINDOW_S`` of
+    the guest's time holds ``n`` of the vCPU's run slices with ``n × share > 1``, so
+    that the guest keeps more than a tenth of its speed in each (module's text);
+    ``share``: the vCPUs' share of the CPU they ask for, 0 when unknown (taken as 1)."""
+    k = share if 0.0 < share < 1.0 else 1.0
+    n = math.floor(1.0 / k) + 1
+    return max(MIN_DEEP, round(100.0 * (1.0 - n * SLICE_S / WINDOW_S)))
 
 
 def plan(t_round: float, free: float, target: float,
