@@ -483,8 +483,11 @@ class Engine:
         host; the vCPUs' affinities are taken first, for the restore and the guardian."""
         if mode == "off":
             return
-        cpus = await self.src.cmd("query-cpus-fast")
-        tids = [int(c["thread-id"]) for c in cpus if "thread-id" in c]
+        try:
+            cpus = await self.src.cmd("query-cpus-fast")
+            tids = [int(c["thread-id"]) for c in cpus if "thread-id" in c]
+        except (LivemigError, TypeError, ValueError):  # a QEMU that will not say
+            tids = []
         self.pinner, why = pinning.plan_for(self.src.pid, len(cpus), mode,
                                             tids if len(tids) == len(cpus) else None)
         self.pinning = (self.pinner.as_report() if self.pinner is not None
@@ -494,14 +497,18 @@ class Engine:
 
     async def _vcpu_share(self) -> VcpuShare | None:
         """The source's vCPUs' share of the CPU they ask for, read from this host's
-        kernel when its QEMU runs here (the converge throttle's deep cap follows it)."""
+        kernel when its QEMU runs here (the converge throttle's long-round cap follows
+        it); None, said in the events, when it cannot be read."""
         pid = self.src.pid
         if pid is None:
             self.events.event("vcpu share not read", reason="the source QEMU is not a "
                               "process on this host")
             return None
-        cpus = await self.src.cmd("query-cpus-fast")
-        tids = [int(c["thread-id"]) for c in cpus if "thread-id" in c]
+        try:
+            cpus = await self.src.cmd("query-cpus-fast")
+            tids = [int(c["thread-id"]) for c in cpus if "thread-id" in c]
+        except (LivemigError, TypeError, ValueError):  # a QEMU that will not say
+            tids = []
         meter = VcpuShare(schedstat_reader(pid, tids)) if tids else None
         if meter is None or meter.read() is None:
             self.events.event("vcpu share not read", reason="no scheduler statistics "

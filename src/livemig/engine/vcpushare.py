@@ -1,23 +1,24 @@
 """How much of the CPU time the guest's vCPUs asked for they got: the host's contention.
 
-A CPU throttle θ lets a vCPU run ``1 − θ`` of the time, and the converge policy caps it
-where that leaves the guest 10 % of its speed (:data:`livemig.policy.converge.DEEP`).
-That premise holds on an idle host. On a busy one (the migration's own threads, the
-codec's, other guests) the vCPU also waits in the run queue for part of the time it
-may run, and a 90 % throttle left a busy database below 10 % of normal for the whole
-capped round (docs/results/slow-link-2026-11-30b). The kernel counts both halves per
-thread: the nanoseconds a thread ran and the nanoseconds it was runnable but waited
-(``/proc/<pid>/task/<tid>/schedstat``, the scheduler's ``sched_info``, on in every
-distribution kernel). Their ratio over a poll, summed over the vCPU threads, is the
-share of the time they wanted a CPU that they had one. A throttled vCPU's sleeps are
-not waits (it is off the run queue), so the share is the contention alone, at any
-throttle.
+A CPU throttle θ lets a vCPU run ``1 − θ`` of the time, in 10 ms slices. On a busy
+host (the migration's own threads, the codec's, other guests) the vCPU also waits in
+the run queue for part of each slice: under a 89-90 % throttle a busy database's vCPU
+got 83-98 % of the CPU it asked for (docs/results/slow-link-2026-11-30c), and the
+guest ran below 10 % of normal for as long as the throttle held. The converge policy
+caps a long deep round with this share (:func:`livemig.policy.converge.deep_pct`).
+
+The kernel counts both halves per thread: the nanoseconds a thread ran and the
+nanoseconds it was runnable but waited (``/proc/<pid>/task/<tid>/schedstat``, the
+scheduler's ``sched_info``, on in every distribution kernel). Their ratio over a
+poll, summed over the vCPU threads, is the share of the time they wanted a CPU that
+they had one. A throttled vCPU's sleeps are not waits (it is off the run queue), so
+the share is the contention alone, at any throttle.
 
 Readers: the local kernel's per-thread figures when the QEMU runs on this host (a lab
 or attach QEMU, a libvirt domain whose process is here), libvirt's ``vcpu.<n>.time``
 and ``vcpu.<n>.delay`` (the thread's CPU time, and its schedstat run-queue wait; Debian
 12's libvirt 9.0 has both) for a domain on another host; none: the share is unknown
-and the policy keeps its premise.
+and the policy takes the vCPUs as uncontended.
 """
 
 from __future__ import annotations
