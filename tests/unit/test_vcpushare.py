@@ -23,14 +23,25 @@ def test_the_share_is_run_over_run_plus_wait_between_polls():
     assert m.poll() == 1.0
 
 
-def test_no_share_from_an_idle_guest_a_lost_reader_or_counters_that_went_back():
-    m = VcpuShare(scripted([(0, 0), (1_000_000, 1_000_000), None, (5, 5),
-                            (50_000_005, 5), (10_000_000, 0)]))
-    assert m.poll() is None  # 2 ms asked: an idle guest says nothing
+def test_no_share_from_a_lost_reader_or_counters_that_went_back():
+    m = VcpuShare(scripted([(0, 0), None, (5, 5), (50_000_005, 5), (10_000_000, 0)]))
     assert m.poll() is None  # the QEMU went away
     assert m.poll() is None  # no previous reading
     assert m.poll() == 1.0
     assert m.poll() is None  # went back (a new process)
+
+
+def test_an_idle_guests_polls_add_up_until_enough_was_asked():
+    """2 ms asked per poll: nothing said until 5 ms are in, then the share of all
+    three polls; a coarse reader (libvirt's ticks) waits for more."""
+    ms = 1_000_000
+    m = VcpuShare(scripted([(0, 0), (1 * ms, 1 * ms), (2 * ms, 2 * ms), (4 * ms, 2 * ms)]))
+    assert m.poll() is None
+    assert m.poll() is None
+    assert m.poll() == 4 / 6
+    coarse = VcpuShare(scripted([(0, 0), (50 * ms, 0), (80 * ms, 30 * ms)]), 0.1)
+    assert coarse.poll() is None  # 50 ms: five ticks
+    assert coarse.poll() == 80 / 110
 
 
 def test_libvirt_counters_need_the_delay():

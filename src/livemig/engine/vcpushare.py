@@ -16,8 +16,9 @@ the share is the contention alone, at any throttle.
 
 Readers: the local kernel's per-thread figures when the QEMU runs on this host (a lab
 or attach QEMU, a libvirt domain whose process is here), libvirt's ``vcpu.<n>.time``
-and ``vcpu.<n>.delay`` (the thread's CPU time, and its schedstat run-queue wait; Debian
-12's libvirt 9.0 has both) for a domain on another host; none: the share is unknown
+and ``vcpu.<n>.delay`` (the thread's CPU time in the kernel's ticks, and its schedstat
+run-queue wait in ns; Debian 12's libvirt 9.0 has both) for a domain on another host,
+a share once ``TICKS_ASKED_S`` were asked; none: the share is unknown
 and the policy takes the vCPUs as uncontended.
 """
 
@@ -29,9 +30,12 @@ from pathlib import Path
 # (ns run, ns waited in the run queue), summed over the vCPU threads, since they started
 Counters = tuple[int, int]
 Reader = Callable[[], Counters | None]
-# a poll in which the vCPUs asked for less than this much CPU time (an idle guest)
-# says nothing of contention: its share is noise, and a throttle costs it little
+# the CPU time the vCPUs must have asked for before a share is given: less (an idle
+# guest, a poll too short) says nothing of contention, and the polls add up until then
 MIN_ASKED_S = 0.005
+# libvirt's ``vcpu.<n>.time`` counts in the kernel's ticks (4-10 ms): a share from it
+# needs ten ticks' worth, or a throttled vCPU's 50 ms per poll would read ±20 %
+TICKS_ASKED_S = 0.1
 
 
 def schedstat_reader(pid: int, tids: Sequence[int]) -> Reader:
@@ -70,18 +74,25 @@ def libvirt_counters(stats: dict[str, object]) -> Counters | None:
 
 class VcpuShare:
     """Each :meth:`poll`: the vCPUs' share of the CPU they asked for since the last
-    one (0..1), or None (no reading, the first poll, an idle guest)."""
+    share given (0..1), or None (no reading, the first poll, or less than
+    ``min_asked_s`` asked since: the next polls add to it)."""
 
-    def __init__(self, read: Reader) -> None:
+    def __init__(self, read: Reader, min_asked_s: float = MIN_ASKED_S) -> None:
         self.read = read
+        self.min_asked_ns = min_asked_s * 1e9
         self._last = read()
 
     def poll(self) -> float | None:
         cur = self.read()
-        last, self._last = self._last, cur
+        last = self._last
         if cur is None or last is None:
+            self._last = cur
             return None
         run, wait = cur[0] - last[0], cur[1] - last[1]
-        if run < 0 or wait < 0 or run + wait < MIN_ASKED_S * 1e9:
+        if run < 0 or wait < 0:  # other threads (a new process): start again
+            self._last = cur
             return None
+        if run + wait < self.min_asked_ns:
+            return None  # too little asked yet: the window grows
+        self._last = cur
         return run / (run + wait)

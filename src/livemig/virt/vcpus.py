@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from livemig.engine.vcpushare import Reader, VcpuShare, libvirt_counters, schedstat_reader
+from livemig.engine.vcpushare import (
+    TICKS_ASKED_S,
+    Reader,
+    VcpuShare,
+    libvirt_counters,
+    schedstat_reader,
+)
 from livemig.errors import LivemigError
 from livemig.virt import qmp
 from livemig.virt.conn import libvirt_module
@@ -38,7 +44,7 @@ def vcpu_share(conn: Any, dom: Any) -> tuple[VcpuShare | None, str]:
         meter = VcpuShare(schedstat_reader(pid, tids)) if tids else None
         if meter is not None and meter.read() is not None:
             return meter, f"this host's scheduler statistics of QEMU {pid}'s vCPU threads"
-    meter = VcpuShare(domain_stats_reader(conn, dom))
+    meter = VcpuShare(domain_stats_reader(conn, dom), TICKS_ASKED_S)
     if meter.read() is not None:
         return meter, "libvirt's vcpu.<n>.time and vcpu.<n>.delay"
     return None, ("the QEMU is not on this host and libvirt reports no vcpu.<n>.delay "
