@@ -160,6 +160,7 @@ class Engine:
         self._guardian: guardian.Handle | None = None
         self.pinner: pinning.ThreadPinner | None = None
         self.pinning: dict[str, Any] | None = None  # what was pinned, for the report
+        self._vcpus: tuple[int, list[int]] | None = None  # (count, thread ids): _vcpu_threads
 
     # -- the run ----------------------------------------------------------------------
     async def run(self) -> MigrationRecord:
@@ -483,17 +484,22 @@ class Engine:
         host; the vCPUs' affinities are taken first, for the restore and the guardian."""
         if mode == "off":
             return
-        try:
-            cpus = await self.src.cmd("query-cpus-fast")
-            tids = [int(c["thread-id"]) for c in cpus if "thread-id" in c]
-        except (LivemigError, TypeError, ValueError):  # a QEMU that will not say
-            tids = []
-        self.pinner, why = pinning.plan_for(self.src.pid, len(cpus), mode,
-                                            tids if len(tids) == len(cpus) else None)
+        count, tids = await self._vcpu_threads()
+        self.pinner, why = pinning.plan_for(self.src.pid, count, mode,
+                                            tids if len(tids) == count else None)
         self.pinning = (self.pinner.as_report() if self.pinner is not None
                         else {"mode": mode, "applied": False, "reason": why})
         self.events.event("pinning", **{k: v for k, v in self.pinning.items()
                                         if k != "threads"})
+
+    async def _vcpu_threads(self) -> tuple[int, list[int]]:
+        """The source's vCPU count and the thread ids QMP names for them
+        (``query-cpus-fast``), asked once: pinning and the vCPU share both need them."""
+        if self._vcpus is None:
+            cpus = await self.src.cmd("query-cpus-fast")
+            self._vcpus = (len(cpus), [int(c["thread-id"]) for c in cpus
+                                       if "thread-id" in c])
+        return self._vcpus
 
     async def _vcpu_share(self) -> VcpuShare | None:
         """The source's vCPUs' share of the CPU they ask for, read from this host's
@@ -505,12 +511,11 @@ class Engine:
                               "process on this host")
             return None
         try:
-            cpus = await self.src.cmd("query-cpus-fast")
-            tids = [int(c["thread-id"]) for c in cpus if "thread-id" in c]
+            tids = (await self._vcpu_threads())[1]
         except (LivemigError, TypeError, ValueError):  # a QEMU that will not say
             tids = []
         meter = VcpuShare(schedstat_reader(pid, tids)) if tids else None
-        if meter is None or meter.read() is None:
+        if meter is None or not meter.reading:
             self.events.event("vcpu share not read", reason="no scheduler statistics "
                               f"for the source's vCPU threads {tids}")
             return None

@@ -82,6 +82,11 @@ class VcpuShare:
         self.min_asked_ns = min_asked_s * 1e9
         self._last = read()
 
+    @property
+    def reading(self) -> bool:
+        """The counters could be read (at the start, or at the last poll)."""
+        return self._last is not None
+
     def poll(self) -> float | None:
         cur = self.read()
         last = self._last

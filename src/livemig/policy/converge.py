@@ -267,14 +267,15 @@ class ConvergeThrottle:
             why += (f"; the last round took {prev_len / prev[0]:.0%} of the one before "
                     f"and left {r / prev[1]:.0%} of its remainder: a set the guest "
                     "fills within a round, which only one deep round shrinks")
-        deep = deep_pct(self.share.value or 0.0)
+        share = self.share.value or 0.0
+        deep = deep_pct(share)
         if pct > deep and t_round > DEEP_MAX_S and self.percent < deep:
             pct = deep  # the round would keep the guest below 10 % too long: shrink R first
-            why += f"; needs more than {deep}% for {t_round:.1f}s: {deep}% this round"
-            why += (f" (the vCPUs get {self.share.value:.0%} of the CPU they ask for"
-                    if self.share.value else " (the vCPUs' share of the CPU not read")
-            why += (f": {deep}% leaves the guest {(100 - deep) * (self.share.value or 1):.0f}%"
-                    f" of its speed in every {WINDOW_S * 1000:.0f} ms)")
+            got = (f"the vCPUs get {share:.0%} of the CPU they ask for" if share
+                   else "the vCPUs' share of the CPU not read")
+            why += (f"; needs more than {deep}% for {t_round:.1f}s: {deep}% this round "
+                    f"({got}: {deep}% leaves the guest {(100 - deep) * (share or 1):.0f}% "
+                    f"of its speed in every {WINDOW_S * 1000:.0f} ms)")
         stalled = prev is not None and r >= STALL * prev[1]
         if pct >= top and self.percent >= top and stalled:
             self._at_max += 1

@@ -77,9 +77,10 @@ def peek_reader(dom: Any) -> Any:
     return read
 
 
-def local_pid(dom: Any) -> int | None:
-    """The domain's QEMU process, when it runs on this host (this kernel: a daemon in
-    another network or UTS namespace, as the testbed's, counts); else None.
+def local_threads(dom: Any) -> tuple[int, list[int]] | None:
+    """The domain's QEMU process and its vCPU threads, when it runs on this host
+    (this kernel: a daemon in another network or UTS namespace, as the testbed's,
+    counts); else None.
 
     The vCPU thread ids QEMU reports (``query-cpus-fast``) are looked up in this
     host's ``/proc``, and the process found counts only if every vCPU thread is one
@@ -100,8 +101,14 @@ def local_pid(dom: Any) -> int | None:
     with contextlib.suppress(OSError):
         if uuid in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") and all(
                 Path(f"/proc/{pid}/task/{t}").exists() for t in tids):
-            return pid
+            return pid, tids
     return None
+
+
+def local_pid(dom: Any) -> int | None:
+    """The domain's QEMU process when it runs on this host (:func:`local_threads`)."""
+    found = local_threads(dom)
+    return found[0] if found is not None else None
 
 
 def node_counters(conn: Any) -> Reader:

@@ -1,7 +1,7 @@
 """A libvirt domain's vCPUs' share of the CPU they ask for
 (:mod:`livemig.engine.vcpushare`): from this host's kernel when the domain's QEMU
-runs here (:func:`~livemig.virt.sampling.local_pid`, its vCPU threads from
-``query-cpus-fast``), else from libvirt's ``vcpu.<n>.time`` and ``vcpu.<n>.delay``
+runs here (:func:`~livemig.virt.sampling.local_threads`: its process and vCPU
+threads), else from libvirt's ``vcpu.<n>.time`` and ``vcpu.<n>.delay``
 on the domain's own host, else not at all (the daemon reports no ``delay``)."""
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from livemig.engine.vcpushare import (
     libvirt_counters,
     schedstat_reader,
 )
-from livemig.errors import LivemigError
-from livemig.virt import qmp
 from livemig.virt.conn import libvirt_module
-from livemig.virt.sampling import local_pid
+from livemig.virt.sampling import local_threads
 
 
 def domain_stats_reader(conn: Any, dom: Any) -> Reader:
@@ -35,17 +33,14 @@ def domain_stats_reader(conn: Any, dom: Any) -> Reader:
 
 def vcpu_share(conn: Any, dom: Any) -> tuple[VcpuShare | None, str]:
     """The meter, and where it reads (or why there is none)."""
-    pid = local_pid(dom)
-    if pid is not None:
-        try:
-            tids = [int(c["thread-id"]) for c in qmp.command(dom, "query-cpus-fast")]
-        except (LivemigError, KeyError, TypeError, ValueError):
-            tids = []
-        meter = VcpuShare(schedstat_reader(pid, tids)) if tids else None
-        if meter is not None and meter.read() is not None:
+    local = local_threads(dom)
+    if local is not None:
+        pid, tids = local
+        meter = VcpuShare(schedstat_reader(pid, tids))
+        if meter.reading:
             return meter, f"this host's scheduler statistics of QEMU {pid}'s vCPU threads"
     meter = VcpuShare(domain_stats_reader(conn, dom), TICKS_ASKED_S)
-    if meter.read() is not None:
+    if meter.reading:
         return meter, "libvirt's vcpu.<n>.time and vcpu.<n>.delay"
     return None, ("the QEMU is not on this host and libvirt reports no vcpu.<n>.delay "
                   "(its run-queue wait)")
