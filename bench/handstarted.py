@@ -130,16 +130,12 @@ CONFIGS: dict[str, tuple[str, bool]] = {
     # stock multifd zstd at zstd's own default level (3) instead of QEMU's (1): how much
     # a higher level alone gains (an ablation: not in the default set)
     "upstream-zstd3": ("upstream", True),
-    # the patched build with the migration threads at the vCPUs' priority, as before
-    # migration-nice (an ablation: not in the default set)
-    "livemig-nice0": ("livemig", False),
 }
 # the configurations a run has unless --configs says otherwise
 DEFAULT_CONFIGS = ("upstream", "upstream-xbzrle", "livemig", "livemig@stock")
 # what a configuration adds to livemig's command line
 CONFIG_SETS = {"livemig-sample-first": ("x-multifd-compression-switch=off",),
-               "upstream-zstd3": ("multifd-zstd-level=3",),
-               "livemig-nice0": ("migration-nice=0",)}
+               "upstream-zstd3": ("multifd-zstd-level=3",)}
 STOCK_CONFIGS = ("upstream", "upstream-xbzrle")  # the baselines
 
 READY_TIMEOUT_S = 240.0  # boot under TCG plus filling the workload's region

@@ -167,12 +167,6 @@ LIVEMIG_SETTINGS: dict[str, LivemigSetting] = {
     "pin": LivemigSetting("off", _choice("off", "auto", "on"),
                           "pin the source's migration threads away from its vCPUs "
                           "(auto: only with a spare host CPU)"),
-    "migration-nice": LivemigSetting(0, _number(0, 19, int),
-                                     "nice value of the source QEMU's migration threads "
-                                     "while they run, for a QEMU on this host (0 to 19): "
-                                     "above 0 the vCPUs get the host's CPUs first and the "
-                                     "migration every CPU they leave idle; 0: as QEMU "
-                                     "made them"),
     "disk-speed": LivemigSetting(0, _bytes, "disk mirror speed cap, bytes/s (0: none)"),
     "disk-copy-mode": LivemigSetting("background",
                                      _choice("background", "write-blocking", "ready"),
@@ -239,8 +233,7 @@ PROFILES: dict[str, dict[str, str]] = {
     "livemig": {"encoding": "auto", "throttle": "converge",
                 "downtime-ramp": "on", "max-downtime": "1000",
                 "switchover-bandwidth": "on", "on-stall": "force",
-                "io-qos": "on", "pin": "auto", "migration-nice": "10",
-                "disk-schedule": "first",
+                "io-qos": "on", "pin": "auto", "disk-schedule": "first",
                 "disk-granularity": "auto", "disk-copy-mode": "ready",
                 "switchover-drain": "auto"},
 }

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from livemig.engine import pinning
-from livemig.policy.pinning import PinPlan, is_migration_thread
+from livemig.policy.pinning import PinPlan
 
 HOST = sorted(os.sched_getaffinity(0))
 pytestmark = pytest.mark.skipif(len(HOST) < 2, reason="needs two host CPUs")
@@ -83,9 +83,9 @@ def test_plan_for_says_why_not():
 
 def test_migration_thread_names_of_both_qemu_generations():
     for comm in ("live_migration", "multifdsend_1", "mig/src/main", "mig/src/send_3"):
-        assert is_migration_thread(comm)
+        assert pinning.is_migration_thread(comm)
     for comm in ("CPU 0/TCG", "qemu-system-x86", "IO mon_iothread", "migrator"):
-        assert not is_migration_thread(comm)
+        assert not pinning.is_migration_thread(comm)
 
 
 def test_vcpus_named_by_qmp_when_threads_have_no_names(qemu_like):

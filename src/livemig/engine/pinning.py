@@ -25,9 +25,18 @@ from pathlib import Path
 from typing import Any
 
 from livemig.policy import pinning
-from livemig.policy.pinning import PinPlan, is_migration_thread
+from livemig.policy.pinning import PinPlan
 
 log = logging.getLogger(__name__)
+
+MIGRATION_THREAD_PREFIXES = ("mig/", "live_migration", "multifd")
+
+
+def is_migration_thread(comm: str) -> bool:
+    """QEMU names its migration threads ``live_migration``/``multifdsend_N`` (up to
+    9.x) and ``mig/src/main``, ``mig/src/send_N``... (10.x)."""
+    return comm.startswith(MIGRATION_THREAD_PREFIXES)
+
 
 def threads(pid: int) -> dict[int, str]:
     """Thread id → name of a running process (empty if it is gone)."""

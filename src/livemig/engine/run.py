@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from livemig.engine import guardian, pinning, priority
+from livemig.engine import guardian, pinning
 from livemig.engine.actuator import DiskTargets
 from livemig.engine.adapt import Deferred
 from livemig.engine.endpoint import QmpEnd
@@ -160,7 +160,6 @@ class Engine:
         self._guardian: guardian.Handle | None = None
         self.pinner: pinning.ThreadPinner | None = None
         self.pinning: dict[str, Any] | None = None  # what was pinned, for the report
-        self.priority: priority.ThreadPriority | None = None  # the lowered threads
         self._vcpus: tuple[int, list[int]] | None = None  # (count, thread ids): _vcpu_threads
 
     # -- the run ----------------------------------------------------------------------
@@ -217,7 +216,7 @@ class Engine:
                       self.hooks, self.timeline, dst=self.dst,
                       stall_timeout=float(self.neg.resolved.livemig["stall-timeout"]),
                       release=self._release_controls,
-                      on_tick=self._tick,
+                      on_tick=self.pinner.apply if self.pinner is not None else None,
                       switchover=self._switchover_watch(),
                       on_postcopy=self._postcopy_resume,
                       start_ram=self._start_ram if disk_first else None,
@@ -243,11 +242,9 @@ class Engine:
     async def _start_ram(self) -> None:
         """``migrate``: the RAM starts (from the monitor's loop when the disk went first)."""
         await self.hooks.before_ram()
-        await self._plan_priority()
         self.s.t_ram = time.time()
         await self.src.cmd("migrate", uri=self.plan.uri)
         self.events.say("migration started")
-        self._tick()
         if self.deferred is not None and self.neg is not None:
             self._switch = asyncio.ensure_future(switch(
                 self.src, self.deferred, self.encoding or {},
@@ -495,28 +492,6 @@ class Engine:
         self.events.event("pinning", **{k: v for k, v in self.pinning.items()
                                         if k != "threads"})
 
-    async def _plan_priority(self) -> None:
-        """Take the source's threads just before ``migrate``: the ones it creates from
-        then on are lowered below the vCPUs (``migration-nice``) at every poll."""
-        assert self.neg is not None
-        nice = int(self.neg.resolved.livemig.get("migration-nice", 0))
-        tids: list[int] = []
-        if nice:
-            with contextlib.suppress(LivemigError, TypeError, ValueError):
-                tids = (await self._vcpu_threads())[1]
-        self.priority, why = priority.plan_for(self.src.pid if tids else None, nice, tids)
-        if nice and not tids:
-            why = "migration threads not lowered: the source's vCPU threads are unknown"
-        self.events.event("migration threads", nice=nice if self.priority else 0,
-                          reason=why)
-
-    def _tick(self) -> None:
-        """The engine's own work at every poll: pinning and the threads' priority."""
-        if self.pinner is not None:
-            self.pinner.apply()
-        if self.priority is not None:
-            self.priority.apply()
-
     async def _vcpu_threads(self) -> tuple[int, list[int]]:
         """The source's vCPU count and the thread ids QMP names for them
         (``query-cpus-fast``), asked once: pinning and the vCPU share both need them."""
@@ -572,11 +547,6 @@ class Engine:
             undone = self.pinner.restore()
             if undone:
                 self.events.event("pinning undone", threads=undone)
-        if self.priority is not None:
-            undone = self.priority.restore()
-            self.events.event("migration threads lowered", **self.priority.as_report(),
-                              **({"put back": undone} if undone else {}))
-            self.priority = None
         if self._guardian is not None:
             self._guardian.dismiss()
             self._guardian = None

@@ -27,10 +27,10 @@ from qemu.qmp import QMPClient
 
 from livemig import private
 from livemig.engine.endpoint import Endpoint
+from livemig.engine.pinning import is_migration_thread
 from livemig.errors import VMError
 from livemig.lab import qemutrace
 from livemig.paths import FIRMWARE_DIRS
-from livemig.policy.pinning import is_migration_thread
 
 log = logging.getLogger(__name__)
 

@@ -42,14 +42,5 @@ def plan(host_cpus: list[int], vcpus: int, mode: str) -> tuple[PinPlan | None, s
     return p, p.reason
 
 
-MIGRATION_THREAD_PREFIXES = ("mig/", "live_migration", "multifd")
-
-
-def is_migration_thread(comm: str) -> bool:
-    """QEMU names its migration threads ``live_migration``/``multifdsend_N`` (up to
-    9.x) and ``mig/src/main``, ``mig/src/send_N``... (10.x)."""
-    return comm.startswith(MIGRATION_THREAD_PREFIXES)
-
-
 def is_vcpu_thread(comm: str) -> bool:
     return comm.startswith("CPU ") and comm.endswith(("/TCG", "/KVM"))
