@@ -130,12 +130,16 @@ CONFIGS: dict[str, tuple[str, bool]] = {
     # stock multifd zstd at zstd's own default level (3) instead of QEMU's (1): how much
     # a higher level alone gains (an ablation: not in the default set)
     "upstream-zstd3": ("upstream", True),
+    # the patched build with lz4-delta forced: no sample, a first pass of lz4 (an
+    # ablation: not in the default set)
+    "livemig-lz4delta": ("livemig", False),
 }
 # the configurations a run has unless --configs says otherwise
 DEFAULT_CONFIGS = ("upstream", "upstream-xbzrle", "livemig", "livemig@stock")
 # what a configuration adds to livemig's command line
 CONFIG_SETS = {"livemig-sample-first": ("x-multifd-compression-switch=off",),
-               "upstream-zstd3": ("multifd-zstd-level=3",)}
+               "upstream-zstd3": ("multifd-zstd-level=3",),
+               "livemig-lz4delta": ("encoding=lz4-delta",)}
 STOCK_CONFIGS = ("upstream", "upstream-xbzrle")  # the baselines
 
 READY_TIMEOUT_S = 240.0  # boot under TCG plus filling the workload's region
