@@ -11,6 +11,7 @@ patched and a stock QEMU are both handled and a typo is caught:
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -345,11 +346,19 @@ def resolve(
         elif key in qemu_params:
             res.parameters[key] = _convert_param(key, value, qemu_params[key])
         else:
+            hint = did_you_mean(key, [*qemu_caps, *qemu_params])
             raise UsageError(
                 f"unknown setting {key!r}: not a livemig setting, nor a migration capability "
-                "or parameter of this QEMU (is it the patched build?)"
+                f"or parameter of this QEMU (is it the patched build?){hint}"
             )
     return res
+
+
+def did_you_mean(key: str, qemu_names: list[str]) -> str:
+    """``; did you mean 'x'?`` for the closest livemig setting or QEMU capability or
+    parameter name to a misspelt ``key`` (empty when none is close)."""
+    close = difflib.get_close_matches(key, [*LIVEMIG_SETTINGS, *qemu_names], n=1, cutoff=0.8)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _switchover_drain(res: Resolved, value: str, qemu_caps: Mapping[str, bool]) -> None:

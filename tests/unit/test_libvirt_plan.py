@@ -141,6 +141,8 @@ def test_libvirt_owned_and_unknown_settings_are_refused() -> None:
         plan_for("defaults", {"tls-creds": "x"})
     with pytest.raises(UsageError, match="unknown setting"):
         plan_for("defaults", {"no-such-knob": "1"})
+    with pytest.raises(UsageError, match="did you mean 'xbzrle'"):
+        plan_for("defaults", {"xbzrl": "on"})
 
 
 def test_stock_parameters_libvirt_lacks_go_to_the_source_by_passthrough() -> None:

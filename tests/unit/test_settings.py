@@ -28,6 +28,16 @@ def test_resolve_errors(wanted, msg):
         resolve(wanted, CAPS, PARAMS)
 
 
+def test_a_misspelt_setting_names_the_closest_one():
+    with pytest.raises(UsageError, match="did you mean 'max-bandwidth'"):
+        resolve({"max-bandwith": "1G"}, CAPS, PARAMS)
+    with pytest.raises(UsageError, match="did you mean 'poll-interval'"):
+        resolve({"poll-intervall": "1"}, CAPS, PARAMS)
+    with pytest.raises(UsageError) as e:
+        resolve({"no-such-thing": "1"}, CAPS, PARAMS)
+    assert "did you mean" not in str(e.value)
+
+
 def test_settings_that_need_capabilities():
     r = resolve({"throttle": "auto-converge", "on-stall": "postcopy"}, CAPS, PARAMS)
     assert r.capabilities == {"auto-converge": True, "postcopy-ram": True}

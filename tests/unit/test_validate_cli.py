@@ -45,7 +45,9 @@ needs_qemu = pytest.mark.skipif(not QEMU.exists(), reason="no QEMU build")
     (["--bandwidth=-5M"], "bad --bandwidth"),
     (["--disk-size", "0"], "--disk-size must be at least 1M"),
     (["--link", "0.5kbit"], "between 1mbit and 400gbit"),
-    (["--set", "multifd-channelz=4"], "unknown setting 'multifd-channelz'"),
+    (["--set", "multifd-channelz=4"],
+     "unknown setting 'multifd-channelz'"),
+    (["--set", "multifd-channelz=4"], "did you mean 'multifd-channels'?"),
     (["--set", "multifd=maybe"], "bad --set multifd=maybe"),
     (["--set", "downtime-limit=soon"], "bad --set downtime-limit"),
 ])

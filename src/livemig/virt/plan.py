@@ -62,6 +62,7 @@ from livemig.settings import (
     LIVEMIG_SETTINGS,
     SWITCH_CAP,
     _convert_param,
+    did_you_mean,
     postcopy_planned,
     ram_check_budget_s,
 )
@@ -312,9 +313,10 @@ def make_plan(wanted: Mapping[str, str], explicit: frozenset[str], qemu: QemuInf
             else:
                 src_qmp[key] = v
             continue
+        hint = did_you_mean(key, [*qemu.capabilities, *qemu.parameters])
         raise UsageError(f"unknown setting {key!r}: not a livemig setting, nor a migration "
                          "capability or parameter of the domain's QEMU (is it the patched "
-                         "build?)")
+                         f"build?){hint}")
 
     # livemig settings that libvirt can carry out
     encoding = str(lm["encoding"])
