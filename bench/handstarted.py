@@ -133,6 +133,9 @@ CONFIGS: dict[str, tuple[str, bool]] = {
     # the patched build with lz4-delta forced: no sample, a first pass of lz4 (an
     # ablation: not in the default set)
     "livemig-lz4delta": ("livemig", False),
+    # the stock profile on the patched build: what the patches alone cost or save
+    # with stock's settings (an ablation: not in the default set)
+    "upstream@patched": ("upstream", False),
 }
 # the configurations a run has unless --configs says otherwise
 DEFAULT_CONFIGS = ("upstream", "upstream-xbzrle", "livemig", "livemig@stock")
