@@ -35,12 +35,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from livemig.engine.endpoint import Endpoint  # noqa: E402
+from livemig.policy import encoding  # noqa: E402
 from livemig.sampling.peek import PeekSampler  # noqa: E402
 from livemig.sampling.qemu import QemuSampler  # noqa: E402
 from livemig.sampling.readers import PmemsaveReader, ProcMemReader, hmp_over  # noqa: E402
 from qemuhelp import start_qemu, stop  # noqa: E402
 
 WORKLOAD = "mem:size=256M,rate=0,hot=80/10,touch=128"
+# an ablation: procmem with the codecs timed on every kept page and the zlib median
+# over every rewritten one, as before encoding.CODEC_PAGES / ZLIB_PAGES
+WIDE = "procmem-wide"
 
 
 class Rates(threading.Thread):
@@ -107,19 +111,27 @@ async def measure(d: Path, pid: int, kinds: list[str], repeats: int, gap: float,
     out: dict[str, Any] = {}
     windows: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
     for k in kinds:
-        out[k] = {"wall_s": [], "in_sample": [], "between": [], "in_sample_guest": [],
-                  "between_guest": []}
+        out[k] = {"wall_s": [], "cpu_s": [], "in_sample": [], "between": [],
+                  "in_sample_guest": [], "between_guest": []}
     for _ in range(repeats):
         for k in kinds:
             reader = PmemsaveReader(end.cmd, pid, d) if k != "qemu" else None
-            mem = ProcMemReader(hmp, pid, reader) if reader and k == "procmem" else None
+            procmem = k in ("procmem", WIDE)
+            mem = ProcMemReader(hmp, pid, reader) if reader and procmem else None
             sampler = (QemuSampler(end.cmd) if reader is None
-                       else PeekSampler(k, hmp, mem or reader, qmp=end.cmd,
-                                        prepare=mem.prepare if mem else None))
+                       else PeekSampler("procmem" if procmem else k, hmp, mem or reader,
+                                        qmp=end.cmd, prepare=mem.prepare if mem else None))
+            limits = encoding.CODEC_PAGES, encoding.ZLIB_PAGES
+            if k == WIDE:
+                encoding.CODEC_PAGES = encoding.ZLIB_PAGES = 1 << 20
             await asyncio.sleep(gap)
-            t0 = time.monotonic()
-            res = await sampler.sample()
+            t0, c0 = time.monotonic(), time.process_time()
+            try:
+                res = await sampler.sample()
+            finally:
+                encoding.CODEC_PAGES, encoding.ZLIB_PAGES = limits
             t1 = time.monotonic()
+            out[k]["cpu_s"].append(round(time.process_time() - c0, 3))
             if mem is not None:
                 mem.close()
             if reader is not None:
@@ -143,7 +155,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--gap", type=float, default=4.0)
     ap.add_argument("--samplers", default="qemu,procmem,pmemsave",
-                    help="comma-separated: qemu (the patched build only), procmem, pmemsave")
+                    help="comma-separated: qemu (the patched build only), procmem, pmemsave, "
+                    f"{WIDE} (procmem timing codecs on every kept page, as before)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     d = Path(tempfile.mkdtemp(prefix="lm-samplecost-"))
@@ -167,11 +180,13 @@ def main() -> int:
                                            strict=True) if i is not None and b]
         summary["samplers"][k] = {
             "wall_s_median": statistics.median(v["wall_s"]),
+            "cpu_s_median": statistics.median(v["cpu_s"]),
             "guest_rate_loss_pct_median": round(100 * statistics.median(loss), 1)
             if loss else None,
             "guest_rate_loss_pct_median_guest_clock":
                 round(100 * statistics.median(gloss), 1) if gloss else None, "runs": v}
-        print(f"{a.memory} {k}: wall {statistics.median(v['wall_s']):.2f} s, guest "
+        print(f"{a.memory} {k}: wall {statistics.median(v['wall_s']):.2f} s, this "
+              f"process's CPU {statistics.median(v['cpu_s']):.3f} s, guest "
               f"throughput during the sample "
               f"{-100 * statistics.median(loss) if loss else float('nan'):+.1f} % "
               f"(by the guest's clock "

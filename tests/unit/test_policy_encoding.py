@@ -414,3 +414,30 @@ def test_a_guest_with_a_vcpu_per_core_under_qemus_default_cap_gets_zstd_on_stock
     c = choose_sample(sample, capped)
     assert c.encoding == "zstd", c.reason
     assert c.settings == {}  # level 1: 0.64 idle CPUs do not cover zstd-3 beside a local dst
+
+
+def test_spread_keeps_at_most_n_evenly_over_the_list():
+    items = list(range(1000))
+    assert encoding.spread(items, 2000) is items
+    got = encoding.spread(items, 4)
+    assert got == [0, 250, 500, 750]  # low and high addresses alike, not the first 4
+    assert len(encoding.spread(items, encoding.CODEC_PAGES)) == encoding.CODEC_PAGES
+
+
+def test_codecs_are_timed_on_codec_pages_of_the_sample():
+    """A sample of 1024 kept pages whose second half compresses and first does not:
+    the timing's pages come from both halves (the ratio lies between the halves'), and
+    no more than CODEC_PAGES of them are packed."""
+    noise = [rng.randbytes(4096) for _ in range(512)]
+    text = [TEXT] * 512
+    wide = measure_codecs(noise + text, frozenset({"zstd", "lz4"}))
+    alone = measure_codecs(noise[:256], frozenset({"zstd", "lz4"}))
+    assert alone["zstd"].ratio < 1.05 < wide["zstd"].ratio
+    packed: list[int] = []
+    real = encoding._COMPRESS["lz4"]
+    try:
+        encoding._COMPRESS["lz4"] = lambda b: (packed.append(len(b)), real(b))[1]
+        measure_codecs(noise + text, frozenset({"lz4"}), min_time=0.0)
+    finally:
+        encoding._COMPRESS["lz4"] = real
+    assert sum(packed) == encoding.CODEC_PAGES * 4096
