@@ -55,8 +55,9 @@ T = TypeVar("T")
 SMALL_DELTA = 0.15  # share of a page's bytes that change in a "small" rewrite
 MIN_SAMPLES = 16
 PACKET_PAGES = 128  # pages per multifd packet: codecs are timed on packets
-# pages codecs are timed on (:func:`measure_codecs`): 2 packets, about as many
-# non-zero pages as QEMU's sampler times on a guest a quarter written
+# pages codecs are timed on (:func:`measure_codecs`): 2 packets. QEMU's own sampler
+# times the non-zero ones of 4096 random pages (~250 on the 4 GiB guest of
+# docs/results/sampler-cost-2026-11-30)
 CODEC_PAGES = 256
 ZLIB_PAGES = 64  # rewritten pages whose zlib ratio the report's median is taken over
 TIE = 0.10  # estimates within 10 % of the best: the fewer bytes win
@@ -234,7 +235,7 @@ def measure_codecs(pages: list[bytes], names: frozenset[str],
     this thread's CPU. On a host whose vCPUs leave no core spare, every millisecond
     here is the guest's: at 20 ms per codec the peek samplers spent ~0.16 s of CPU on
     timings per sample; with 5 ms and every kept page (up to 1024), ~0.07 s; on at most
-    256 pages, as many as QEMU's own sampler times, ~0.03 s."""
+    256 pages ~0.04 s, which 5 ms per codec sets."""
     pages = spread(pages, CODEC_PAGES)
     packets = [b"".join(pages[i:i + PACKET_PAGES]) for i in range(0, len(pages), PACKET_PAGES)]
     size = sum(len(p) for p in packets)
