@@ -129,6 +129,15 @@ class WorkloadStats:
         }
 
 
+def work_lost_net(rates: Sequence[float], baseline: float, bin_s: float = BIN_S) -> float:
+    """:func:`work_lost` without the clipping: a bin above normal pays back. Noisier
+    per run, but the normal rate's own noise averages out instead of adding up, so a
+    longer window is not judged worse for being longer."""
+    if baseline <= 0:
+        return 0.0
+    return sum(1.0 - r / baseline for r in rates) * bin_s
+
+
 def work_lost(rates: Sequence[float], baseline: float, bin_s: float = BIN_S) -> float:
     """Seconds of guest work lost: the integral of max(0, 1 - rate/normal) over the
     bins. It counts depth and duration together: 2 s at 50 % and 1 s at 0 % both lose

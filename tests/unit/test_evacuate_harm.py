@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from livemig.evacuate.harm import FleetWatch, totals
+from livemig.evacuate.harm import FleetWatch, net_lost, totals
 from livemig.lab.agent import AgentLink
 
 RATE = 10e6  # bytes/s of the guest's writer
@@ -51,13 +51,26 @@ def test_a_guest_stopped_for_a_second_loses_a_second_and_shows_the_pause() -> No
     assert got["work_lost_worst_s"] == moved["work_lost_s"]
     assert got["work_lost_sum_s"] == pytest.approx(moved["work_lost_s"] + calm["work_lost_s"])
     assert got["guest_pause_worst_ms"] == moved["guest_pause_ms"] and got["measured"] == 2
+    # unclipped, the steady guest's noise cancels and the stopped second remains
+    assert moved["work_lost_net_s"] == pytest.approx(1.0, abs=0.3)
+    assert abs(calm["work_lost_net_s"]) < 0.1
+    assert got["work_lost_net_sum_s"] == pytest.approx(
+        moved["work_lost_net_s"] + calm["work_lost_net_s"])
+
+
+def test_the_unclipped_figure_of_a_run_recorded_without_it() -> None:
+    vm = {"baseline_rate": 100.0, "series": [[0.0, 100.0], [0.1, 0.0], [0.2, 200.0]]}
+    assert net_lost(vm) == pytest.approx(0.0)  # the bin above normal paid the stop back
+    assert net_lost({**vm, "work_lost_net_s": 0.7}) == 0.7
+    assert net_lost({"baseline_rate": None, "series": []}) is None
 
 
 def test_a_vm_with_no_figures_is_left_out_of_the_totals() -> None:
     t = totals({"a": {"work_lost_s": 2.0, "seconds_below_10pct": 0.5, "guest_pause_ms": 300},
                 "b": {"work_lost_s": None, "seconds_below_10pct": None,
                       "guest_pause_ms": None}})
-    assert t == {"work_lost_sum_s": 2.0, "work_lost_worst_s": 2.0, "below_10pct_worst_s": 0.5,
+    assert t == {"work_lost_sum_s": 2.0, "work_lost_net_sum_s": None,
+                 "work_lost_worst_s": 2.0, "below_10pct_worst_s": 0.5,
                  "guest_pause_worst_ms": 300.0, "measured": 1}
     assert totals({})["work_lost_sum_s"] is None
 

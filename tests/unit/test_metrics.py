@@ -75,6 +75,16 @@ def test_work_lost_counts_depth_and_duration():
     assert work_lost([100.0] * 50, 100.0) == 0.0
 
 
+def test_work_lost_net_lets_bins_above_normal_pay_back():
+    from livemig.metrics import work_lost_net
+    stop = [0.0] * 10
+    assert abs(work_lost_net(stop + [300.0] * 5, 100.0)) < 1e-9
+    assert abs(work_lost_net(stop, 100.0) - 1.0) < 1e-9
+    noise = [90.0, 110.0] * 50  # a steady guest's own noise: nothing lost
+    assert abs(work_lost_net(noise, 100.0)) < 1e-9
+    assert work_lost_net(noise, 0.0) == 0.0
+
+
 def test_workload_stats_reports_work_lost_and_spread():
     # 100 MB/s, frozen 1 s, then 100 MB/s: ~1 s of work lost, steady baseline
     before = _samples(100e6, 0.0, 10.0)

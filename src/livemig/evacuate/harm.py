@@ -120,7 +120,9 @@ class FleetWatch:
         # the rate over the window (s from its start, bytes/s), to see where work went
         series = [[round(t - start, 2), round(r)]
                   for t, r in metrics.rate_series(rates, start, end)]
-        return {**st.as_dict(), "hosts": [a.name for a in links],
+        net = (round(metrics.work_lost_net([r for _, r in series], st.baseline_rate), 3)
+               if st.baseline_rate and series else None)
+        return {**st.as_dict(), "work_lost_net_s": net, "hosts": [a.name for a in links],
                 "guest_pause_ms": None if gap is None else round(gap.seconds * 1000.0, 1),
                 "series": series}
 
@@ -138,11 +140,26 @@ def totals(vms: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
     lost, below10, pauses = have("work_lost_s"), have("seconds_below_10pct"), \
         have("guest_pause_ms")
+    net = [net_lost(v) for v in vms.values()]
+    nets = [x for x in net if x is not None]
     return {"work_lost_sum_s": round(sum(lost), 3) if lost else None,
+            "work_lost_net_sum_s": round(sum(nets), 3) if nets else None,
             "work_lost_worst_s": max(lost, default=None),
             "below_10pct_worst_s": max(below10, default=None),
             "guest_pause_worst_ms": max(pauses, default=None),
             "measured": len(lost)}
+
+
+def net_lost(vm: dict[str, Any]) -> float | None:
+    """A VM's work lost without the clipping (:func:`metrics.work_lost_net`), from its
+    figures, or from its rate series and normal rate in a run recorded before the
+    figure was kept."""
+    if vm.get("work_lost_net_s") is not None:
+        return float(vm["work_lost_net_s"])
+    normal, series = vm.get("baseline_rate"), vm.get("series")
+    if not normal or not series:
+        return None
+    return round(metrics.work_lost_net([float(r) for _, r in series], float(normal)), 3)
 
 
 def split(vms: dict[str, dict[str, Any]], records: list[dict[str, Any]],
