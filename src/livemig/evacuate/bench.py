@@ -28,7 +28,7 @@ from typing import Any
 
 from livemig import paths
 from livemig.evacuate import testfleet
-from livemig.evacuate.harm import FleetWatch, net_lost, split
+from livemig.evacuate.harm import FleetWatch, split, totals
 from livemig.testbed import libvirtd, topology
 from livemig.units import parse_link_rate
 
@@ -122,14 +122,11 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
         return None if v is None else float(v)
 
     def net(r: dict[str, Any]) -> float | None:
-        """The fleet's work lost without the clipping, for runs recorded before it
-        was kept too."""
-        h = r.get("harm") or {}
-        if h.get("work_lost_net_sum_s") is not None:
-            return float(h["work_lost_net_sum_s"])
-        got = [x for x in (net_lost(v) for v in (h.get("vms") or {}).values())
-               if x is not None]
-        return round(sum(got), 3) if got else None
+        """The fleet's work lost without the clipping, from its VMs' figures (their
+        rate series in runs recorded before it was kept)."""
+        net_sum: float | None = totals((r.get("harm") or {}).get("vms") or {})[
+            "work_lost_net_sum_s"]
+        return net_sum
 
     def outside(r: dict[str, Any]) -> float | None:
         sp = (r.get("harm") or {}).get("split")

@@ -120,8 +120,7 @@ class FleetWatch:
         # the rate over the window (s from its start, bytes/s), to see where work went
         series = [[round(t - start, 2), round(r)]
                   for t, r in metrics.rate_series(rates, start, end)]
-        net = (round(metrics.work_lost_net([r for _, r in series], st.baseline_rate), 3)
-               if st.baseline_rate and series else None)
+        net = net_lost({"baseline_rate": st.baseline_rate, "series": series})
         return {**st.as_dict(), "work_lost_net_s": net, "hosts": [a.name for a in links],
                 "guest_pause_ms": None if gap is None else round(gap.seconds * 1000.0, 1),
                 "series": series}
@@ -140,8 +139,7 @@ def totals(vms: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
     lost, below10, pauses = have("work_lost_s"), have("seconds_below_10pct"), \
         have("guest_pause_ms")
-    net = [net_lost(v) for v in vms.values()]
-    nets = [x for x in net if x is not None]
+    nets = [x for x in map(net_lost, vms.values()) if x is not None]
     return {"work_lost_sum_s": round(sum(lost), 3) if lost else None,
             "work_lost_net_sum_s": round(sum(nets), 3) if nets else None,
             "work_lost_worst_s": max(lost, default=None),
