@@ -136,13 +136,19 @@ CONFIGS: dict[str, tuple[str, bool]] = {
     # the stock profile on the patched build: what the patches alone cost or save
     # with stock's settings (an ablation: not in the default set)
     "upstream@patched": ("upstream", False),
+    # livemig with QEMU's own switchover estimate instead of avail-switchover-bandwidth,
+    # on either build (ablations: not in the default set)
+    "livemig-nosbw": ("livemig", False),
+    "livemig@stock-nosbw": ("livemig", True),
 }
 # the configurations a run has unless --configs says otherwise
 DEFAULT_CONFIGS = ("upstream", "upstream-xbzrle", "livemig", "livemig@stock")
 # what a configuration adds to livemig's command line
 CONFIG_SETS = {"livemig-sample-first": ("x-multifd-compression-switch=off",),
                "upstream-zstd3": ("multifd-zstd-level=3",),
-               "livemig-lz4delta": ("encoding=lz4-delta",)}
+               "livemig-lz4delta": ("encoding=lz4-delta",),
+               "livemig-nosbw": ("switchover-bandwidth=off",),
+               "livemig@stock-nosbw": ("switchover-bandwidth=off",)}
 STOCK_CONFIGS = ("upstream", "upstream-xbzrle")  # the baselines
 
 READY_TIMEOUT_S = 240.0  # boot under TCG plus filling the workload's region
