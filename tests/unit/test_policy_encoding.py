@@ -441,27 +441,3 @@ def test_codecs_are_timed_on_codec_pages_of_the_sample():
     finally:
         encoding._COMPRESS["lz4"] = real
     assert sum(packed) == encoding.CODEC_PAGES * 4096
-
-
-def test_the_switchover_rate_is_the_uncapped_links_and_the_freed_cores() -> None:
-    """QEMU lifts --bandwidth for the stop-and-copy and the stopped vCPUs free their
-    cores: the choice says what the re-sent pages' codec drains there, from the link
-    beyond the cap and those cores; nothing where that link is not known."""
-    pages = [_mixed_page(i) for i in range(1024)]
-    pairs = [(p, rng.randbytes(4096)) for p in pages[:300]]  # whole-page rewrites
-    capped = Context(link_rate=50 * 2**20, cpus=1.0, guest_ram=1 << 30,
-                     codecs=frozenset({"zstd", "plain"}), host_available=20 << 30)
-    c = choose(pairs, capped, pages, nonzero_share=0.3)
-    assert c.switchover_rate is None and "the switchover" not in c.reason
-    uncapped = dataclasses.replace(capped, link_uncapped=encoding.UNSHAPED,
-                                   switchover_cpus=2.0)
-    u = choose(pairs, uncapped, pages, nonzero_share=0.3)
-    assert u.encoding == c.encoding
-    assert u.switchover_rate is not None and "the switchover, uncapped" in u.reason
-    # CPU-bound on the two freed cores, well above the capped stream's pages
-    assert u.switchover_rate > 2 * u.page_rates[u.encoding]
-    # a link that is the cap itself drains no faster than the stream
-    tight = choose(pairs, dataclasses.replace(uncapped, link_uncapped=50 * 2**20),
-                   pages, nonzero_share=0.3)
-    assert tight.switchover_rate is not None
-    assert tight.switchover_rate <= 1.01 * tight.page_rates[tight.encoding]

@@ -7,7 +7,7 @@ import asyncio
 
 from livemig.engine.executor import PolicyConfig, PolicyExecutor
 from livemig.policy.base import SetRamBandwidth, SetSwitchoverBandwidth, Snapshot
-from livemig.policy.convergence import DRAIN_TRUST, WINDOW, SwitchoverBandwidth
+from livemig.policy.convergence import WINDOW, SwitchoverBandwidth
 
 MB = 1 << 20
 
@@ -171,41 +171,3 @@ def test_the_converge_throttle_asks_for_it_and_keeps_its_wire_rate() -> None:
     assert ex.converge.full_budget and ex.switchover_guest
     assert ex.converge.switchover_w == 12 * MB  # the wire rate its next plans compare
     assert rec.calls[-1] == ("bandwidth", 6 * MB)
-
-
-def test_an_uncapped_stop_and_copy_is_told_what_it_drains_at() -> None:
-    """QEMU lifts the cap for the stop-and-copy: a stream capped at 50 MiB/s whose
-    switchover drains ~400 MiB/s of pages (a destination on this host, zstd on the
-    freed cores) is told DRAIN_TRUST of that, a guest-byte rate; a drain no faster
-    than the stream changes nothing."""
-    p = SwitchoverBandwidth(cap=50 * MB)
-    p.set_drain(400 * MB)
-    p.decide(resend(0, 1, 50 * MB, 115 * MB))
-    (a,) = p.decide(resend(0.25, 2, 50 * MB, 115 * MB))
-    assert isinstance(a, SetSwitchoverBandwidth) and a.guest_bytes and a.drain
-    assert a.bytes_per_s == int(DRAIN_TRUST * 400 * MB)
-    assert "stop-and-copy" in a.reason
-    q = SwitchoverBandwidth(cap=50 * MB)
-    q.set_drain(60 * MB)  # below the 50 MiB/s wire's ~115 MiB/s of pages
-    q.decide(resend(0, 1, 50 * MB, 115 * MB))
-    (b,) = q.decide(resend(0.25, 2, 50 * MB, 115 * MB))
-    assert not b.drain and not b.guest_bytes and b.bytes_per_s == 50 * MB
-
-
-def test_the_executor_hands_the_choices_drain_to_the_policy_and_the_throttle() -> None:
-    rec = Recorder()
-    cfg = PolicyConfig.from_settings({"throttle": "converge", "switchover-bandwidth": True},
-                                     300)
-    ex = PolicyExecutor(cfg, rec, lambda w, d: None)
-    ex.after_first_pass({"encoding": "zstd", "switchover_rate": 400 * MB})
-
-    async def run() -> None:
-        await ex.tick(resend(0, 1, 50 * MB, 115 * MB))
-        await ex.tick(resend(0.25, 1, 50 * MB, 115 * MB))
-        await ex.tick(resend(0.5, 2, 50 * MB, 115 * MB))
-
-    asyncio.run(run())
-    told = int(DRAIN_TRUST * 400 * MB)
-    assert ("switchover", told) in rec.calls
-    assert ex.converge is not None and ex.converge.switchover_g == told
-    assert ex.converge.switchover_w == 0  # the wire's rate is still QEMU's own

@@ -659,21 +659,3 @@ def test_the_engine_ends_an_idle_guests_peek_sample_at_its_half_way_look():
     b = asyncio.run(adapt(_peek_qemu(g), slow, Hints(peek=g.read), EventStream()))
     assert b.encoding is not None
     assert "settled_at_half_way" not in b.encoding["sampler"]
-
-
-def test_the_choice_says_what_the_switchover_drains_at_only_where_the_link_is_known():
-    """A destination on this host (loopback, a local bridge) is as fast as the CPUs:
-    the report's encoding carries the uncapped stop-and-copy's rate. A remote one
-    behind a link nobody measured gets none: the stream's own rate is then all the
-    switchover bandwidth goes by."""
-    def run(hints: Hints) -> dict[str, Any]:
-        q = _qemu({"x-calc-ram-sample", "set-cpu-throttle"}, ["none", "zstd", "lz4"],
-                  _reply(), {"downtime-limit": 300, encoding.DELTA_KEY: 0})
-        a = asyncio.run(adapt(q, _plan(), hints, EventStream()))
-        assert a.encoding is not None
-        return a.encoding
-
-    local = run(Hints(host_available=8 << 30, dst_local=True, switchover_cpus=2.0))
-    assert local["switchover_rate"] > local["page_rates"][local["encoding"]]
-    remote = run(Hints(host_available=8 << 30, peer="192.0.2.1"))
-    assert "switchover_rate" not in remote

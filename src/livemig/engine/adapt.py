@@ -77,8 +77,6 @@ class Hints:
     # (libvirt chooses the URI): where the source host's route to it is read from
     peer: str | None = None
     cpus: float | None = None  # host CPUs for the migration threads; None: this host's
-    # ... once the vCPUs stop (the switchover); None: this host's
-    switchover_cpus: float | None = None
     host_available: int | None = None  # bytes free on the source host; None: this host's
     file_sampler: Sampler | None = None  # the lab's RAM-file reader (sampler=file)
     scratch: Path | None = None  # where pmemsave may write (a private dir is made in it)
@@ -259,8 +257,6 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
                        "dst_local": ctx.dst_local,
                        "auto_converge": ctx.auto_converge},
            "page_rates": {k: round(v) for k, v in choice.page_rates.items()}}
-    if choice.switchover_rate is not None:
-        rec["switchover_rate"] = round(choice.switchover_rate)
     then = choice.after_first_pass()
     if then:
         rec["after_first_pass"] = then
@@ -336,7 +332,7 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
     mem = await src.cmd("query-memory-size-summary")
     ram = int(mem.get("base-memory", 0)) + int(mem.get("plugged-memory", 0) or 0)
     params = await src.cmd("query-migrate-parameters")
-    link, link_from, uncapped = await link_rate(src, plan, hints, params)
+    link, link_from = await link_rate(src, plan, hints, params)
     codecs = await multifd_codecs(src)
     if switch is None:
         switch = (bool(hints.dst_switch) and SWITCH_CAP not in plan.explicit
@@ -357,11 +353,6 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
         switch=switch,
         tls=hints.tls if hints.tls is not None else plan.tls is not None,
         dst_local=hints.dst_local,
-        # a destination on this host: loopback or a local bridge, as fast as the CPUs
-        link_uncapped=(uncapped if uncapped is not None else
-                       encoding.UNSHAPED if hints.dst_local else None),
-        switchover_cpus=(hints.switchover_cpus if hints.switchover_cpus is not None
-                         else encoding.migration_cpus(0, dst_local=hints.dst_local)),
         # read only for a choice (its wait is the user's): a set encoding takes no level
         idle_cpus=(await hints.idle.idle_cpus(idle_window)
                    if hints.idle is not None and plan.livemig_setting("encoding") == "auto"
@@ -369,15 +360,13 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
 
 
 async def link_rate(src: QmpEnd, plan: Plan, hints: Hints,
-                    params: dict[str, Any] | None = None
-                    ) -> tuple[float | None, str, float | None]:
+                    params: dict[str, Any] | None = None) -> tuple[float | None, str]:
     """The link's bytes/s for the model and where it came from: ``--set link-rate``,
     else the caller's (the lab's testbed), else the source host's route to the
     destination (:mod:`livemig.engine.linkprobe`, a QEMU on this host); capped by
     ``--bandwidth``, or without it by the source QEMU's ``max-bandwidth`` in
     ``params`` (its query-migrate-parameters) when ``hints.qemu_cap``. (None,
-    "unknown"): the model's unshaped rate. Third: the link's rate before any cap
-    (None: not known), what the switchover has (QEMU lifts its cap for it)."""
+    "unknown"): the model's unshaped rate."""
     link, why = hints.link_rate, "the testbed's link"
     given = plan.livemig_setting("link-rate")
     if given != "auto":
@@ -392,14 +381,13 @@ async def link_rate(src: QmpEnd, plan: Plan, hints: Hints,
             found = await asyncio.to_thread(source_link, pid, peer)
             if found is not None:
                 link, why = found.rate, found.source
-    uncapped = link
     if plan.bandwidth and (link is None or plan.bandwidth < link):
         link, why = float(plan.bandwidth), "--bandwidth"
     elif not plan.bandwidth and hints.qemu_cap and params is not None:
         cap = qemu_cap(params)
         if cap is not None and (link is None or cap < link):
             link, why = float(cap), f"capped by QEMU's max-bandwidth, {cap_text(cap)}"
-    return link, why, uncapped
+    return link, why
 
 
 # QEMU's default max-bandwidth (migration/options.c: MAX_THROTTLE)

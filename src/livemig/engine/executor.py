@@ -135,14 +135,9 @@ class PolicyExecutor:
 
     def after_first_pass(self, encoding: Mapping[str, Any] | None) -> None:
         """The encoding chosen (the report's ``encoding``) switches codec once the first
-        pass is over (``after_first_pass``): from the next poll on, a policy does it;
-        its ``switchover_rate`` is what the switchover bandwidth may tell QEMU.
+        pass is over (``after_first_pass``): from the next poll on, a policy does it.
         Called when the choice is known: before the migration, or by the deferred
         choice while it runs."""
-        drain = (encoding or {}).get("switchover_rate")
-        for p in self.policies:
-            if isinstance(p, SwitchoverBandwidth) and isinstance(drain, int | float):
-                p.set_drain(float(drain))
         then = (encoding or {}).get("after_first_pass") or {}
         method = then.get("multifd-compression")
         if method and not any(isinstance(p, AfterFirstPass) for p in self.policies):
@@ -181,7 +176,7 @@ class PolicyExecutor:
         elif isinstance(a, StartPostcopy):
             await self._act(name, act.start_postcopy())
         elif isinstance(a, SetSwitchoverBandwidth):
-            await self._switchover_bandwidth(name, a.bytes_per_s, a.guest_bytes, a.drain)
+            await self._switchover_bandwidth(name, a.bytes_per_s, a.guest_bytes)
         elif isinstance(a, SetCompression):
             if await self._act(name, act.set_compression(a.method)) \
                     and self.converge is not None:
@@ -199,11 +194,11 @@ class PolicyExecutor:
         # AbortMigration, ForceSwitchover, StrategyExhausted: the verdict carries them
 
     async def _switchover_bandwidth(self, what: str, bytes_per_s: int,
-                                    guest_bytes: bool = False, drain: bool = False) -> None:
+                                    guest_bytes: bool = False) -> None:
         if await self._act(what, self.actuator.set_switchover_bandwidth(bytes_per_s)):
             self.switchover_bw, self.switchover_guest = bytes_per_s, guest_bytes
             if self.converge is not None:
-                self.converge.set_switchover_bandwidth(bytes_per_s, guest_bytes, drain)
+                self.converge.set_switchover_bandwidth(bytes_per_s, guest_bytes)
 
     async def _act(self, what: str, call: Awaitable[None]) -> bool:
         """Await one actuator call; a refusal is recorded, not a failure of the run

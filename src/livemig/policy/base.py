@@ -103,12 +103,10 @@ class SetSwitchoverBandwidth(Action):
     """QEMU's ``avail-switchover-bandwidth``: the rate its switchover decision assumes
     instead of its own estimate of the last 100 ms. ``guest_bytes``: the rate guest
     pages drain at (QEMU then switches over with as much as the limit allows), not
-    the wire rate; ``drain``: the rate the uncapped stop-and-copy is modelled to
-    drain pages at (a guest-byte rate above the stream's)."""
+    the wire rate."""
 
     bytes_per_s: int
     guest_bytes: bool = False
-    drain: bool = False  # the stop-and-copy's modelled rate, not one the stream showed
 
 
 @dataclass(frozen=True)

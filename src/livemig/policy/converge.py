@@ -153,7 +153,6 @@ class ConvergeThrottle:
         self._at_max = 0
         self._peak = 0.0  # the fastest drain seen so far (bytes/s)
         self.switchover_w = 0.0  # avail-switchover-bandwidth once set: QEMU's W
-        self.switchover_g = 0.0  # ... when it is the stop-and-copy's guest-byte rate
         # the re-sent pages will go in another codec than the first pass (an encoding
         # switched after it, ``zstd+delta``): the pass's drain says nothing of theirs
         self._switch_pending = False
@@ -175,14 +174,10 @@ class ConvergeThrottle:
         self.rate = Ewma(0.5)
         self._peak = 0.0
 
-    def set_switchover_bandwidth(self, bytes_per_s: int, guest_bytes: bool = False,
-                                 drain: bool = False) -> None:
+    def set_switchover_bandwidth(self, bytes_per_s: int, guest_bytes: bool = False) -> None:
         """QEMU's switchover decision now uses this rate, not its estimate: so does the
         budget. A guest-byte rate (the full budget this policy asked for) is the
-        drain's, which the budget takes from the drain itself: the wire rate stays.
-        The uncapped stop-and-copy's rate (``drain``) is QEMU's budget whatever the
-        throttle: the budget starts from it."""
-        self.switchover_g = float(bytes_per_s) if drain else 0.0
+        drain's, which the budget takes from the drain itself: the wire rate stays."""
         if not guest_bytes:
             self.switchover_w = float(bytes_per_s)
 
@@ -223,7 +218,7 @@ class ConvergeThrottle:
     def _round_start(self, s: Snapshot, b: float, w: float, prev_len: float,
                      prev: tuple[float, int] | None) -> list[Action]:
         r = s.remaining
-        budget = max(w, self.switchover_g) * self.downtime_s  # what QEMU switches over with
+        budget = w * self.downtime_s  # what QEMU will switch over with
         if r <= budget or prev_len <= 0:
             return []
         if prev is None and self._switch_pending:

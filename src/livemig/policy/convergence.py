@@ -46,10 +46,6 @@ ON_STALL = ("force", "abort", "postcopy")
 WINDOW = 8  # busy polls the switchover rate is taken over (2 s at the default poll)
 CHANGE = 0.2  # the switchover rate is set again when it moves by more than this share
 FULL_AT = 50  # % of throttle from which the switchover rate is in guest bytes (no converge)
-# the share of the modelled stop-and-copy rate QEMU is told (SwitchoverBandwidth.drain):
-# the model times its codecs on a running guest's host, and the pause must not
-# outgrow the limit where it is wrong by up to this factor
-DRAIN_TRUST = 0.5
 
 
 class DowntimeRamp:
@@ -100,18 +96,7 @@ class SwitchoverBandwidth:
     auto-converge included), and the policy then tells QEMU the rate guest pages
     drained at (``pages-per-second``), capped at ``cap`` times the polls' ratio of
     page to wire bytes. Only re-send rounds count for it: the first pass's zero pages
-    drain at memory speed and say nothing of a remainder of rewritten ones.
-
-    The stop-and-copy itself is not capped: QEMU lifts ``max-bandwidth`` for it, and
-    the stopped vCPUs leave their cores to the channels. Where the encoding model
-    knows what it then drains at (``drain``, guest bytes/s: the link beyond
-    --bandwidth, or a destination on this host, and the codec's speed on those cores;
-    :func:`livemig.policy.encoding.switchover_rate`), QEMU is told
-    :data:`DRAIN_TRUST` of it whenever that is more than the stream's own rate in
-    guest bytes. A stream capped below its link then switches over with the
-    remainder the limit really allows. Before, it went on re-sending until its
-    remainder fit the capped rate: hand-started whole-page writers at 50 MiB/s paused
-    38-63 ms at a 300 ms limit, after 1.0-1.5 s of further rounds."""
+    drain at memory speed and say nothing of a remainder of rewritten ones."""
 
     name = "switchover-bandwidth"
 
@@ -123,13 +108,7 @@ class SwitchoverBandwidth:
         self.pages: deque[tuple[float, float]] = deque(maxlen=WINDOW)  # (page, wire) re-sends
         self.rate = 0.0  # what QEMU was told, 0: nothing yet
         self.guest_bytes = False  # what it was told is the guest-byte rate
-        self.drain: float | None = None  # guest bytes/s the stop-and-copy drains at
-        self.drained = False  # what it was told is DRAIN_TRUST of ``drain``
         self._t: float | None = None
-
-    def set_drain(self, rate: float | None) -> None:
-        """The modelled stop-and-copy rate (guest bytes/s; None: not known)."""
-        self.drain = rate if rate and rate > 0 else None
 
     def decide(self, s: Snapshot) -> list[Action]:
         dt = s.t - self._t if self._t is not None else 0.0
@@ -146,34 +125,25 @@ class SwitchoverBandwidth:
         rate = self._median()
         if self.cap:
             rate = min(rate, float(self.cap))
-        ratio = (max(1.0, statistics.median(p / w for p, w in self.pages))
-                 if self.pages else 1.0)
         guest = bool(self.pages) and self.full(s)
         if guest:
             page = statistics.median(p for p, _ in self.pages)
+            ratio = max(1.0, statistics.median(p / w for p, w in self.pages))
             rate = max(rate, min(page, float(self.cap) * ratio if self.cap else page))
-        drained = (self.drain is not None
-                   and DRAIN_TRUST * self.drain > (rate if guest else rate * ratio))
-        if drained:
-            assert self.drain is not None
-            rate, guest = DRAIN_TRUST * self.drain, True
-        if (self.rate and guest == self.guest_bytes and drained == self.drained
+        if (self.rate and guest == self.guest_bytes
                 and abs(rate - self.rate) <= CHANGE * self.rate):
             return []
         why = ("first pass over" if not self.rate else
                "the guest is throttled" if guest and not self.guest_bytes else
                "the throttle is off" if self.guest_bytes and not guest else
                "the stream's rate moved")
-        self.rate, self.guest_bytes, self.drained = rate, guest, drained
-        what = (f"{DRAIN_TRUST:.0%} of the {self.drain / 2**20:.0f} MiB/s of pages the "
-                "uncapped stop-and-copy drains at, above the stream's own rate"
-                if drained and self.drain is not None else
-                f"the median rate guest pages drained at in the last {len(self.pages)} "
+        self.rate, self.guest_bytes = rate, guest
+        what = (f"the median rate guest pages drained at in the last {len(self.pages)} "
                 "busy re-send polls" if guest else
                 f"the median wire rate of the last {len(self.busy)} busy polls")
         return [SetSwitchoverBandwidth(
             f"{why}: avail-switchover-bandwidth -> {rate / 2**20:.1f} MiB/s ({what})",
-            int(rate), guest_bytes=guest, drain=drained)]
+            int(rate), guest_bytes=guest)]
 
     def _median(self) -> float:
         return statistics.median(self.busy) if self.busy else 0.0

@@ -130,11 +130,6 @@ class Context:
     # the destination QEMU runs on this host too (attach to local sockets, the lab, a
     # testbed domain): its receive work comes out of the same idle CPUs
     dst_local: bool = False
-    # what the switchover has (:func:`switchover_rate`): the link's bytes/s before
-    # --bandwidth or QEMU's cap (QEMU lifts its cap for the stop-and-copy; None: not
-    # known), and the host CPUs the stream gets once the vCPUs stop (None: not known)
-    link_uncapped: float | None = None
-    switchover_cpus: float | None = None
 
 
 @dataclass(frozen=True)
@@ -152,8 +147,6 @@ class Choice:
     samples: int = 0
     settings: dict[str, str] = field(default_factory=dict)  # on top of ENCODINGS[...]
     page_rates: dict[str, float] = field(default_factory=dict)  # modelled, bytes/s
-    # guest bytes/s the stop-and-copy drains at (:func:`switchover_rate`; None: unknown)
-    switchover_rate: float | None = None
 
     def applied(self) -> dict[str, str]:
         return {**ENCODINGS[self.encoding], **self.settings}
@@ -267,19 +260,6 @@ def page_rate(c: Codec, ctx: Context) -> float:
     link = ctx.link_rate or UNSHAPED
     speed = 1.0 / (1.0 / c.speed + 1.0 / (c.ratio * TLS_SPEED)) if ctx.tls else c.speed
     return min(ctx.cpus * speed, link * c.ratio)
-
-
-def switchover_rate(resend: Codec | None, ctx: Context) -> float | None:
-    """Guest bytes per second the stop-and-copy sends its remainder at, in the codec of
-    the re-sent pages: QEMU lifts the stream's cap for it (``migration_rate_set(
-    RATE_LIMIT_DISABLED)`` before the last pages) and the stopped vCPUs leave their
-    cores to the channels, so it is bound by the link itself and those cores, not by
-    --bandwidth or by the CPU the running guest left. None where the link beyond the
-    cap or the cores are not known: the stream's own rate is then all there is."""
-    if resend is None or ctx.link_uncapped is None or ctx.switchover_cpus is None:
-        return None
-    return page_rate(resend, replace(
-        ctx, link_rate=ctx.link_uncapped, cpus=ctx.switchover_cpus))
 
 
 def start_choice(ctx: Context) -> Choice:
@@ -684,12 +664,8 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     else:
         est = {n: estimate(first[n], again.get(n, first[n]), nonzero, dirty_rate, ctx)
                for n in first}
-    # the codec each encoding re-sends pages in (xbzrle: one thread's deltas, not modelled)
-    resends: dict[str, Codec] = {n: again.get(n, c) for n, c in first.items()}
     if ctx.delta and "lz4" in first and n_pairs >= MIN_SAMPLES and "lz4" in sample.delta:
         delta = sample.delta["lz4"]
-        resends["lz4-delta"] = delta
-        resends.update({f"{n}+delta": delta for n in first if codec_of(n) == "zstd"})
         est["lz4-delta"] = estimate(first["lz4"], delta, nonzero, dirty_rate, ctx)
         if ctx.switch:  # each zstd level's first pass, then the same deltas
             est.update({f"{n}+delta": estimate(c, delta, nonzero, dirty_rate, ctx)
@@ -700,7 +676,6 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
                          if curve is not None
                          else estimate_xbzrle(share, nonzero, dirty_rate, ctx))
     name = pick(one_level(est, ctx.idle_cpus, ctx.dst_local))
-    drain = switchover_rate(resends.get(name), ctx)
     link = f"{(ctx.link_rate or UNSHAPED) * 8 / 1e6:.0f} Mbit/s"
     if ctx.link_from:
         link += f" ({ctx.link_from})"
@@ -740,12 +715,8 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
         cache = delta_cache(ctx)
         settings["xbzrle-cache-size"] = f"{cache >> 20}M"
         reason += f"; {cache >> 20} MiB xbzrle cache ({_covers(cache, ctx)})"
-    if drain is not None:
-        reason += (f"; the switchover, uncapped on {ctx.switchover_cpus:g} CPU, drains "
-                   f"~{drain / 2**20:.0f} MiB/s of pages")
     return Choice(name, reason, share, ratio, n_pairs, settings=settings,
-                  page_rates={n: e.first_rate for n, e in est.items()},
-                  switchover_rate=drain)
+                  page_rates={n: e.first_rate for n, e in est.items()})
 
 
 def _covers(cache: int, ctx: Context) -> str:

@@ -141,9 +141,7 @@ def host_hints(conn: Any, dom: Any, tls: bool = False,
     goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte."""
     cpus = int(conn.getInfo()[2])
     vcpus = int(dom.info()[3])
-    return Hints(cpus=encoding.migration_cpus(vcpus, cpus, dst_local),
-                 switchover_cpus=encoding.migration_cpus(0, cpus, dst_local),
-                 dst_local=dst_local,
+    return Hints(cpus=encoding.migration_cpus(vcpus, cpus, dst_local), dst_local=dst_local,
                  host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls,
                  idle=idle, local_pid=lambda: local_pid(dom), qemu_cap=False)
 
