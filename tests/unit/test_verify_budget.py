@@ -215,3 +215,32 @@ def test_digest_threads_follow_the_vcpus_and_fall_back() -> None:
     dst.commands = set()
     with pytest.raises(VMError, match="command not found"):
         asyncio.run(compare_digests(src, dst, chunk=MIB))
+
+
+def test_a_probe_of_zeroes_says_nothing_of_the_rest_and_the_guest_is_sampled(
+        small_ranges: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The patched QEMU digests zero chunks at memory speed (qemu/patches/0018): a
+    probe that found only zeroes was quick for that alone, and the rest of RAM may
+    hold data. It counts as the slowest rate: ranges at random, not all of RAM on a
+    guess. The same budget takes all of RAM once the probe timed chunks with data."""
+    import hashlib
+    monkeypatch.setattr(verify, "ZERO_DIGESTS",
+                        {("sha256", MIB): hashlib.sha256(bytes(MIB)).hexdigest()})
+    monkeypatch.setattr(verify, "_now", _clock(per_call=0.01))
+    src, dst = _ends()
+    for end in (src, dst):
+        end.ram["pc.ram"][:MIB] = bytes(MIB)  # the probe's megabyte: zeroes
+    v = asyncio.run(compare_digests(src, dst, chunk=MIB, budget=0.5, seed=3))
+    assert v.result == "ok" and _whole_calls(src) == 0 and v.coverage is not None
+    src, dst = _ends()
+    v = asyncio.run(compare_digests(src, dst, chunk=MIB, budget=0.5, seed=3))
+    assert v.result == "ok" and _whole_calls(src) == 1 and v.coverage is None
+
+
+def test_data_bytes_leave_out_the_zero_chunks_and_count_a_short_last_one() -> None:
+    zero = verify.ZERO_DIGESTS[("mix64x4", 4 << 20)]
+    d = verify.Digest("mix64x4", 4 << 20, (
+        verify.DigestBlock("pc.ram", 10 << 20, 0, (zero, "a" * 16, "b" * 16)),))
+    assert verify.data_bytes(d) == (4 << 20) + (2 << 20)
+    unknown = verify.Digest("sha256", 4 << 20, d.blocks)  # no zero digest known: all
+    assert verify.data_bytes(unknown) == 10 << 20
