@@ -6,6 +6,7 @@ changed byte is a changed chunk."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import pytest
 
@@ -223,7 +224,6 @@ def test_a_probe_of_zeroes_says_nothing_of_the_rest_and_the_guest_is_sampled(
     probe that found only zeroes was quick for that alone, and the rest of RAM may
     hold data. It counts as the slowest rate: ranges at random, not all of RAM on a
     guess. The same budget takes all of RAM once the probe timed chunks with data."""
-    import hashlib
     monkeypatch.setattr(verify, "ZERO_DIGESTS",
                         {("sha256", MIB): hashlib.sha256(bytes(MIB)).hexdigest()})
     monkeypatch.setattr(verify, "_now", _clock(per_call=0.01))
