@@ -1,5 +1,4 @@
 #!/bin/bash
-# usage: start.sh QEMU NAME [incoming]
 # usage: DIR=/some/dir start.sh QEMU NAME [extra args]; then
 #   livemig migrate --src-qmp $DIR/src.qmp --dst-start --uri tcp:127.0.0.1:PORT \
 #       --profile livemig --bandwidth 100M --report R.json
