@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from livemig.idlecpu import IdleMeter
 from livemig.policy import encoding
 from livemig.sampling.dirtyrate import ShortRate
 from livemig.sampling.layout import RamRange, parse_mtree
-from livemig.sampling.peek import MAX_LOOK, PeekSampler, clusters
+from livemig.sampling.peek import FIRST_PASS_S, MAX_LOOK, PeekSampler, clusters
 from livemig.sampling.qemu import QemuSampler, parse
 from livemig.sampling.readers import ProcMemReader, XpReader, parse_gpa2hva
 from livemig.settings import SWITCH_CAP, merge
@@ -573,33 +574,51 @@ def test_short_rate_is_qemus_page_sampling_estimate_over_a_window_in_ms():
     assert q.queries == 2 and "300 MiB/s over 100 ms" in s.note
 
 
-def test_qemus_window_starts_after_the_callers_own_work_beside_the_sample():
-    """The window comes after the half-way look's reads and the caller's ``quiet``
-    (the engine's context queries): on a host with no core to spare, those bursts
-    beside QEMU's first hashing pass emptied the window."""
+def test_qemus_window_runs_in_the_half_way_wait_after_the_callers_own_work(monkeypatch):
+    """The window starts after the first look's codec timings and the caller's
+    ``quiet`` (the engine's context queries): on a host with no core to spare, those
+    bursts beside QEMU's first hashing pass emptied the window. It runs while the
+    half-way look waits (one after the other, the two made a sample 0.33 s), and the
+    half-way reads come no sooner than FIRST_PASS_S after its start."""
     g = Guest()
     q = DirtyRateQmp(40)
     order: list[str] = []
     reads_at_calc: list[int] = []
+    read_times: list[tuple[int, float]] = []
+    measure = encoding.measure_codecs
+
+    def timed_codecs(*args: Any, **kw: Any) -> Any:
+        out = measure(*args, **kw)
+        order.append("codecs")
+        return out
+    monkeypatch.setattr(encoding, "measure_codecs", timed_codecs)
 
     async def quiet() -> None:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.02)
         order.append("quiet")
 
     async def qmp(command: str, **args: Any) -> Any:
         if command == "calc-dirty-rate":
             order.append(command)
             reads_at_calc.append(g.reads)
+            calc_at.append(time.monotonic())
         return await q(command, **args)
 
-    sampler = PeekSampler("test", g.hmp, g.read, qmp=qmp)
+    async def read(gpa: int, size: int) -> bytes:
+        read_times.append((g.reads, time.monotonic()))
+        return await g.read(gpa, size)
+
+    calc_at: list[float] = []
+    sampler = PeekSampler("test", g.hmp, read, qmp=qmp)
     sampler.quiet = quiet
     res = asyncio.run(sampler.sample(256, 0.02))
-    assert order == ["quiet", "calc-dirty-rate"]
+    assert sorted(order[:2]) == ["codecs", "quiet"] and order[2] == "calc-dirty-rate"
     first = res.detail["first_look_calls"]
-    # after the first look and the half-way one (as many reads as the last look)
-    assert reads_at_calc == [first + (res.detail["calls"] - first) // 2]
+    assert reads_at_calc == [first]  # the first look only: the half-way one waits
+    half_way = [t for n, t in read_times if n >= first]
+    assert half_way and min(half_way) >= calc_at[0] + FIRST_PASS_S
     assert res.sample.short_rate == 40 * (1 << 20)
+    assert res.sample.mid_rewritten is not None
 
 
 def _peek_qemu(g: Guest) -> Script:
@@ -632,6 +651,43 @@ def test_the_engines_window_waits_for_its_queries_not_for_the_idle_meter():
     order = [c for c, _ in q.log if c in ("query-qmp-schema", "calc-dirty-rate",
                                            "idle read")]
     assert order == ["query-qmp-schema", "calc-dirty-rate", "idle read"]
+
+
+@pytest.mark.parametrize("monitor_reads", [False, True])
+def test_the_engines_queries_run_beside_reads_that_do_not_use_the_monitor(
+        monkeypatch: pytest.MonkeyPatch, monitor_reads: bool) -> None:
+    """A sampler reading through /proc/PID/mem leaves the monitor free: the context's
+    queries (query-qmp-schema) run beside its first look instead of after it, so the
+    window can start sooner; a sampler reading through the monitor keeps them after
+    its first look."""
+    from livemig.engine import adapt as adapt_mod
+
+    g = Guest()
+    q = _peek_qemu(g)
+    reads_at_schema: list[int] = []
+    cmd = q.cmd
+
+    async def logged(command: str, **args: Any) -> Any:
+        if command == "query-qmp-schema":
+            reads_at_schema.append(g.reads)
+        return await cmd(command, **args)
+
+    async def slow_read(gpa: int, size: int) -> bytes:
+        await asyncio.sleep(0.001)
+        return await g.read(gpa, size)
+
+    def sampler_for(src: Any, mode: str, commands: set[str], hints: Hints) -> Any:
+        return PeekSampler("test", g.hmp, slow_read, qmp=src.cmd,
+                           monitor_reads=monitor_reads), lambda: None
+    monkeypatch.setattr(adapt_mod, "sampler_for", sampler_for)
+    monkeypatch.setattr(q, "cmd", logged)
+    a = asyncio.run(adapt(q, _plan(), Hints(), EventStream()))
+    assert a.encoding is not None and a.encoding["sampler"]["name"] == "test"
+    first = a.encoding["sampler"]["first_look_calls"]
+    if monitor_reads:
+        assert reads_at_schema == [first]
+    else:
+        assert reads_at_schema[0] < first
 
 
 def test_a_qemu_that_refuses_the_count_leaves_the_sample_without_it():

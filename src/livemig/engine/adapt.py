@@ -200,15 +200,18 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
     if want == "auto":
         sampler, close = sampler_for(src, plan.livemig_setting("sampler"), commands, hints)
         events.say(f"sampling the guest's pages ({sampler.name} sampler)")
-        # the context's queries (query-qmp-schema: ~0.1 s) while the sample waits for
-        # its next look: the user waits for both before the migration starts
+        # the context's queries (query-qmp-schema: ~0.05 s) while the sample reads
+        # through /proc/PID/mem, or, when its reads go through the same monitor, while
+        # it waits for its next look: the user waits for both before the migration starts
         queried = asyncio.Event()
+        beside_reads = isinstance(sampler, PeekSampler) and not sampler.monitor_reads
 
         async def read_context() -> encoding.Context:
             try:
                 ctx = known
                 if ctx is None:
-                    await sampler.waiting.wait()
+                    if not beside_reads:
+                        await sampler.waiting.wait()
                     ctx = await context(src, plan, hints, queried=queried)
                 return dataclasses.replace(ctx, auto_converge=auto_converge)
             finally:
@@ -305,7 +308,8 @@ def sampler_for(src: QmpEnd, mode: str, commands: set[str],
                 if fallback is not None:
                     fallback.close()
             return PeekSampler("procmem", hmp, mem, qmp=src.cmd, prepare=mem.prepare,
-                               notes=lambda: {"fallback_reads": mem.fallbacks}), close
+                               notes=lambda: {"fallback_reads": mem.fallbacks},
+                               monitor_reads=False), close
     if mode == "procmem":
         raise UsageError("--set sampler=procmem: the source QEMU does not run on this host")
     if mode in ("auto", "peek") and hints.peek is not None:

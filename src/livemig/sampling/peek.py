@@ -14,6 +14,13 @@ pages of the RAM ranges QEMU reports (:mod:`livemig.sampling.layout`). The inter
 each cluster is measured between its own two reads, so a slow reader does not skew
 the dirty rate.
 
+QEMU's window runs while the half-way look waits, not after it: it starts once the
+codec timings and the caller's ``quiet`` are over (the bursts that emptied it,
+:meth:`PeekSampler._short_window`), and the half-way look comes no sooner than
+:data:`FIRST_PASS_S` after its start. One after the other, the two waits made the
+sample of a hand-started 1 GiB guest through ``/proc/PID/mem`` 0.33 s: 0.15 s of the
+half-way wait, then 0.12 s of the window.
+
 A guest whose RAM is mostly zero (a 1 GiB guest with 250 MiB written: ~500 non-zero
 pages of the first 2048 looked at) gets more clusters in its first look, at the share
 of non-zero pages the first ones showed, until the sample keeps its non-zero pages or
@@ -51,6 +58,10 @@ PEEK_INTERVAL = 0.3
 # read waits in its socket while QEMU runs the one before, and neither side waits out
 # the other's wake-up on a busy host.
 PIPELINE = 8
+# how long QEMU's first hashing pass of its short window is left alone before the
+# half-way look reads beside it: 4096 pages per GiB take a few ms on this host, the
+# 65536 of a 64 GiB guest tens of ms; the half-way wait is usually the longer one
+FIRST_PASS_S = 0.05
 # clusters a first look reads at most, as multiples of the ``2 × pages / cluster`` it
 # starts with: 0.3 ms a pmemsave call here, so the whole first look stays near 0.15 s
 MAX_LOOK = 4
@@ -100,7 +111,8 @@ class PeekSampler:
                  codecs: frozenset[str] = frozenset({"zstd", "lz4"}), seed: int = 1,
                  max_pages: int = PEEK_PAGES, qmp: Command | None = None,
                  settled: Settled | None = None, prepare: Prepare | None = None,
-                 notes: Callable[[], dict[str, Any]] | None = None) -> None:
+                 notes: Callable[[], dict[str, Any]] | None = None,
+                 monitor_reads: bool = True) -> None:
         self.name = name
         self.prepare = prepare
         self.notes = notes  # the reader's own lines for the report's sampler detail
@@ -118,6 +130,9 @@ class PeekSampler:
         # awaited before QEMU's short window starts: the caller's own work beside the
         # sample (the engine's context queries) is over
         self.quiet: Callable[[], Awaitable[Any]] | None = None
+        # whether the reads go through the QEMU's monitor (all readers but
+        # /proc/PID/mem): the caller's own queries then wait for ``waiting``
+        self.monitor_reads = monitor_reads
 
     async def _reads(self, gpas: list[int], span: int) -> list[tuple[float, bytes]]:
         """Each cluster read, in order, with the time its read returned; up to
@@ -145,18 +160,21 @@ class PeekSampler:
         gaps = [t - first[gpa][0] for gpa, (t, _) in zip(gpas, reads, strict=True)]
         return out, statistics.mean(gaps) if gaps else 0.0
 
-    async def _short_window(self, short: ShortRate) -> tuple[float, float] | None:
-        """QEMU's count over its short window, taken once this process's own work
-        beside the sample is over: the codec timings (awaited before this) and the
-        caller's ``quiet`` (the engine's context queries). QEMU times its window from
-        before its first hashing pass; on a host with no core to spare, that pass ran
-        beside those bursts for most of the window, the second one right after it,
-        and a 6 GiB guest writing 76 MiB/s read 0-19 MiB/s where it reads 44-87 alone
-        (docs/results/short-window-2026-11-29)."""
+    async def _short_window(self, short: ShortRate,
+                            codecs: asyncio.Future[Any] | None) -> float | None:
+        """Start QEMU's short window once this process's own work beside the sample
+        is over: the first look's ``codecs`` timings and the caller's ``quiet`` (the
+        engine's context queries); the time it started, or None (refused). QEMU times
+        its window from before its first hashing pass; on a host with no core to
+        spare, that pass ran beside those bursts for most of the window, the second
+        one right after it, and a 6 GiB guest writing 76 MiB/s read 0-19 MiB/s where
+        it reads 44-87 alone (docs/results/short-window-2026-11-29)."""
+        if codecs is not None:
+            await asyncio.wait({codecs})
         if self.quiet is not None:
             await self.quiet()
         await short.start()
-        return await short.result()
+        return time.monotonic() if short.started else None
 
     async def sample(self, pages: int = PEEK_PAGES,
                      interval: float = PEEK_INTERVAL) -> SampleResult:
@@ -204,16 +222,21 @@ class PeekSampler:
         look1_end = time.monotonic()
         look1 = look1_end - t0
         self.waiting.set()
+        # QEMU counts the pages dirtied in a short window, while the half-way look waits
+        short = (ShortRate(self.qmp, sum(r.size for r in ranges))
+                 if self.qmp is not None else None)
+        window = (await self._short_window(short, codecs_first)
+                  if short is not None else None)
         # a look half-way: with the last one, two points of the rewritten-pages curve
-        await asyncio.sleep(interval / 2)
+        half_way = look1_end + interval / 2
+        if window is not None:
+            half_way = max(half_way, window + FIRST_PASS_S)
+        await asyncio.sleep(max(0.0, half_way - time.monotonic()))
         mid_reads, mid_gap = await self._again(keep, first, span)
         mid_pairs = _changed(mid_reads)
         calls += len(mid_reads)
         first_codecs = await codecs_first if codecs_first is not None else None
-        # QEMU counts the pages dirtied in a short window
-        short = (ShortRate(self.qmp, sum(r.size for r in ranges))
-                 if self.qmp is not None else None)
-        counted = await self._short_window(short) if short is not None else None
+        counted = await short.result() if short is not None else None
 
         async def model(pairs: list[tuple[bytes, bytes]], gap: float) -> encoding.Sample:
             s = await asyncio.to_thread(encoding.sample_from_pages, pairs, pages_first,
