@@ -585,6 +585,7 @@ def test_qemus_window_runs_in_the_half_way_wait_after_the_callers_own_work(monke
     order: list[str] = []
     reads_at_calc: list[int] = []
     read_times: list[tuple[int, float]] = []
+    calc_at: list[float] = []
     measure = encoding.measure_codecs
 
     def timed_codecs(*args: Any, **kw: Any) -> Any:
@@ -608,7 +609,6 @@ def test_qemus_window_runs_in_the_half_way_wait_after_the_callers_own_work(monke
         read_times.append((g.reads, time.monotonic()))
         return await g.read(gpa, size)
 
-    calc_at: list[float] = []
     sampler = PeekSampler("test", g.hmp, read, qmp=qmp)
     sampler.quiet = quiet
     res = asyncio.run(sampler.sample(256, 0.02))
