@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from livemig import dststart, idlecpu, paths
-from livemig.engine.adapt import Hints, adapt
+from livemig.engine.adapt import Hints, adapt, multifd_codecs
 from livemig.engine.endpoint import (
     Endpoint,
     process_argv,
@@ -30,11 +30,12 @@ from livemig.engine.endpoint import (
 )
 from livemig.engine.events import EventStream
 from livemig.engine.listener import quit_unused_destination
-from livemig.engine.negotiate import read
+from livemig.engine.negotiate import read, source_only
 from livemig.engine.plan import Plan
 from livemig.engine.record import MigrationRecord
 from livemig.engine.run import Engine
 from livemig.errors import UsageError, VMError
+from livemig.policy.encoding import DELTA_KEY
 from livemig.report import AttachFacts
 from livemig.sampling.readers import qemu_is_local
 from livemig.settings import SWITCH_CAP, resolve
@@ -146,11 +147,15 @@ async def run_attach(src_qmp: Path, dst_qmp: Path | None, plan: Plan, events: Ev
         accel = await _accel(src)
         plan = dataclasses.replace(plan, accel=accel).validate()
         await check_ends(src, dst, plan)
-        dst_caps = {c["capability"] for c in await dst.cmd("query-migrate-capabilities")}
-        adapted = await adapt(src, plan, Hints(scratch=gdir.parent,
-                                               dst_switch=SWITCH_CAP in dst_caps,
-                                               idle=idle,
-                                               dst_local=qemu_is_local(dst.pid)), events)
+        theirs = await read(dst)
+        # a destination of another build (a stock QEMU for a patched source): the
+        # codecs both ends have
+        other = bool(source_only(now, theirs))
+        adapted = await adapt(src, plan, Hints(
+            scratch=gdir.parent, dst_switch=SWITCH_CAP in theirs.capabilities, idle=idle,
+            dst_local=qemu_is_local(dst.pid),
+            dst_codecs=await multifd_codecs(dst) if other else None,
+            dst_delta=DELTA_KEY in theirs.parameters if other else None), events)
         plan = adapted.plan
         events.say(f"attached: source {src_qmp} (pid {src.pid}), destination "
                    f"{dst.socket_path} (pid {dst.pid}), {accel}; migrating to {plan.uri}")

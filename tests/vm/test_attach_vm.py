@@ -459,3 +459,45 @@ def test_attach_memfd_guest_verified_without_filling_the_destination(pair, tmp_p
     # the guest wrote ~300 MiB; the rest of its GiB stayed holes on the destination
     assert _rss_shmem_mib(dst.pid) < 768, _rss_shmem_mib(dst.pid)
     assert guest_progress(tmp_path / "dst.agent") > 0
+
+
+UPSTREAM = Path(__file__).resolve().parents[2] / "build" / "qemu-upstream" / "qemu-system-x86_64"
+
+
+def test_attach_patched_source_to_a_stock_destination(tmp_path: Path) -> None:
+    """A host not yet upgraded (or rolled back): the source runs the patched build,
+    the destination the unpatched one. The livemig profile keeps to what both have
+    and says what it left out; before, it set the source's x-switchover-drain on the
+    destination, which refused it, and the migration failed before it started."""
+    if not UPSTREAM.exists():
+        pytest.fail(f"{UPSTREAM} missing: 'make setup' builds the unpatched baseline")
+    if not has_command_at_start(tmp_path):
+        pytest.skip("the source is not the patched build")
+    workload = "mem:size=64M,rate=0,hot=80/10,touch=128"
+    procs = [start_qemu(tmp_path, "src", workload),
+             start_qemu(tmp_path, "dst", workload, incoming=True, paused=True, qemu=UPSTREAM)]
+    try:
+        time.sleep(4)
+        sq, dq = tmp_path / "src.qmp", tmp_path / "dst.qmp"
+        caps_before = qmp(sq, "query-migrate-capabilities")
+        report = tmp_path / "r.json"
+        proc = subprocess.run(attach(sq, dq, report, "--profile", "livemig",
+                                     "--bandwidth", "50M", "--max-time", "120"),
+                              capture_output=True, text=True, timeout=300)
+        sys.stdout.write(proc.stdout + proc.stderr[-3000:])
+        rep = json.loads(report.read_text())
+        assert proc.returncode == 0 and rep["outcome"] == "completed", rep.get("reason")
+        left = next(e for e in rep["events"] if e["event"] == "not applied")
+        assert "x-switchover-drain" in left["settings"], left
+        assert "not used: " in proc.stderr + proc.stdout
+        # the encoding was chosen among the codecs both ends have (no lz4 delta)
+        assert rep["encoding"]["encoding"] in ("plain", "zstd", "zstd-3", "xbzrle")
+        assert "lz4" not in rep["encoding"]["context"]["codecs"]
+        why = rep["consistency"]["ram_detail"]["why"]
+        assert "the destination's QEMU has no x-query-ram-digest" in why, why
+        assert qmp(dq, "query-status")["status"] == "running"
+        assert qmp(sq, "query-migrate-capabilities") == caps_before
+        assert guest_progress(tmp_path / "dst.agent") > 0
+    finally:
+        for p in procs:
+            stop(p)

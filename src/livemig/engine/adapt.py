@@ -90,6 +90,11 @@ class Hints:
     # the destination's QEMU can load a stream whose codec changes (SWITCH_CAP): the
     # caller read it; None or False: the choice is made before the migration starts
     dst_switch: bool | None = None
+    # the destination QEMU's multifd codecs and whether it has the delta cache
+    # (encoding.DELTA_KEY), when its build differs from the source's (None: as the
+    # source's): a codec is chosen only if both ends have it
+    dst_codecs: frozenset[str] | None = None
+    dst_delta: bool | None = None
     # the source host's idle CPUs, a meter the caller started early (None: not known,
     # and the model spends no CPU it cannot see: encoding.idle_covers)
     idle: IdleMeter | None = None
@@ -338,6 +343,8 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
     params = await src.cmd("query-migrate-parameters")
     link, link_from = await link_rate(src, plan, hints, params)
     codecs = await multifd_codecs(src)
+    if hints.dst_codecs is not None:
+        codecs &= hints.dst_codecs
     if switch is None:
         switch = (bool(hints.dst_switch) and SWITCH_CAP not in plan.explicit
                   and await _has_switch(src))
@@ -353,7 +360,8 @@ async def context(src: QmpEnd, plan: Plan, hints: Hints,
                         else encoding.host_available()),
         codecs=codecs,
         # QEMU refuses lz4's delta cache beside postcopy-ram (patch 0005)
-        delta=encoding.DELTA_KEY in params and not plan.postcopy,
+        delta=(encoding.DELTA_KEY in params and hints.dst_delta is not False
+               and not plan.postcopy),
         switch=switch,
         tls=hints.tls if hints.tls is not None else plan.tls is not None,
         dst_local=hints.dst_local,

@@ -16,7 +16,7 @@ from typing import Any
 
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.plan import Plan
-from livemig.errors import VMError
+from livemig.errors import UsageError, VMError
 from livemig.settings import Resolved, resolve
 from livemig.tls import qmp as tls_qmp
 from livemig.tls.creds import Tls
@@ -50,6 +50,8 @@ class Negotiated:
     original_src: EndSettings
     original_dst: EndSettings
     tls: Tls | None = None
+    # what the plan would have set had the destination QEMU had it (the source's has)
+    unused: tuple[str, ...] = ()
 
 
 async def read(end: QmpEnd) -> EndSettings:
@@ -59,21 +61,50 @@ async def read(end: QmpEnd) -> EndSettings:
     return EndSettings(caps, params)
 
 
+def shared(s: EndSettings, d: EndSettings) -> EndSettings:
+    """What both QEMUs know: the capabilities and parameters the source has that the
+    destination has too (the source's values). A stream uses a capability only when
+    both ends have it, so a patched source migrating to a stock destination (a host
+    not yet upgraded, or rolled back) keeps to stock's mechanisms."""
+    return EndSettings({k: v for k, v in s.capabilities.items() if k in d.capabilities},
+                       {k: v for k, v in s.parameters.items() if k in d.parameters})
+
+
+def source_only(s: EndSettings, d: EndSettings) -> list[str]:
+    """The source's capabilities and parameters the destination lacks, sorted."""
+    return sorted({*(k for k in s.capabilities if k not in d.capabilities),
+                   *(k for k in s.parameters if k not in d.parameters)})
+
+
 async def negotiate(src: QmpEnd, dst: QmpEnd, plan: Plan,
-                    src_now: EndSettings | None = None) -> Negotiated:
-    """Resolve the plan against the source's QEMU (both ends run the same kind)."""
+                    src_now: EndSettings | None = None,
+                    dst_now: EndSettings | None = None) -> Negotiated:
+    """Resolve the plan against what both QEMUs have (:func:`shared`); a setting the
+    user named that only the source has is a usage error naming the destination."""
     s = src_now or await read(src)
-    d = await read(dst)
+    d = dst_now or await read(dst)
     wanted = plan.wanted
     if plan.bandwidth is not None:
         wanted["max-bandwidth"] = str(plan.bandwidth)
-    resolved = resolve(wanted, s.capabilities, s.parameters)
+    missing = source_only(s, d)
+    named = [k for k in missing if k in wanted]
+    if named:
+        raise UsageError(f"--set {named[0]}: the destination QEMU has no {named[0]} "
+                         "(the source's has; is the destination the patched build?)")
+    both = shared(s, d)
+    resolved = resolve(wanted, both.capabilities, both.parameters)
+    unused: tuple[str, ...] = ()
+    if missing:  # what the plan would have set, had the destination had it too
+        alone = resolve(wanted, s.capabilities, s.parameters)
+        unused = tuple(sorted(
+            {*(k for k in alone.capabilities if k not in resolved.capabilities),
+             *(k for k in alone.parameters if k not in resolved.parameters)}))
     # 'events' makes QEMU emit MIGRATION / MIGRATION_PASS: their timestamps time the
     # switchover and mark rounds
     caps = {"events": True, **resolved.capabilities}
     if plan.pause_before_switchover:
         caps["pause-before-switchover"] = True
-    return Negotiated(resolved, caps, dict(resolved.parameters), s, d, plan.tls)
+    return Negotiated(resolved, caps, dict(resolved.parameters), s, d, plan.tls, unused)
 
 
 async def apply(src: QmpEnd, dst: QmpEnd, n: Negotiated) -> None:

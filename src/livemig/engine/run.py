@@ -181,6 +181,11 @@ class Engine:
     async def _run(self) -> None:
         p = self.plan
         self.neg = await negotiate(self.src, self.dst, p)
+        if self.neg.unused:
+            self.events.say(f"not used: {', '.join(self.neg.unused)}: the source QEMU has "
+                            "them, the destination's does not")
+            self.events.event("not applied", settings=list(self.neg.unused),
+                              why="the destination QEMU lacks them")
         params = self.neg.original_src.parameters
         commands = {c["name"] for c in await self.src.cmd("query-commands")}
         lm = self.neg.resolved.livemig

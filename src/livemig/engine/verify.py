@@ -365,10 +365,12 @@ async def verify_ram(src: QmpEnd, dst: QmpEnd, method: str = "auto",
             mismatched_pages=c.mismatched_pages,
             first_mismatches=tuple(f"{x:#x}" for x in c.first_mismatches),
             seconds=c.seconds, bytes_compared=size)
-    if await src.has_command(DIGEST_CMD) and await dst.has_command(DIGEST_CMD):
+    has = (await src.has_command(DIGEST_CMD), await dst.has_command(DIGEST_CMD))
+    if all(has):
         return await compare_digests(src, dst, budget=budget)
+    which = ("the destination's QEMU has" if has[0] else
+             "the source's QEMU has" if has[1] else "this QEMU has")
+    why = f"{which} no {DIGEST_CMD} (needs the patched build)"
     if method == "digest":
-        return skipped(f"ram-check=digest: this QEMU has no {DIGEST_CMD} (needs the "
-                       "patched build)")
-    return skipped(f"no shared RAM files and this QEMU has no {DIGEST_CMD} "
-                   "(needs the patched build)")
+        return skipped(f"ram-check=digest: {why}")
+    return skipped(f"no shared RAM files and {why}")
