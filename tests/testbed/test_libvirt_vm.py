@@ -885,3 +885,48 @@ def test_livemig_profile_drains_and_caps_the_copied_disk(daemons: dict[str, str]
     finally:
         c.close()
         _cleanup(name)
+
+
+@contextlib.contextmanager
+def _stock_on(side: str, patched: Path, stock: Path) -> Iterator[None]:
+    """``side``'s host sees the unpatched build at the patched build's path (a host
+    not yet upgraded): a bind mount in its daemon's own mount namespace."""
+    pid = libvirtd.daemon_pid(side)
+    assert pid is not None
+    enter = ["nsenter", "-t", str(pid), "-m"]
+    subprocess.run([*enter, "mount", "--bind", str(stock), str(patched)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run([*enter, "umount", "-l", str(patched)], check=True)  # its QEMU runs on
+
+
+def test_patched_source_to_a_host_not_yet_upgraded(daemons: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    """The domain's emulator is the patched build on the source host and the stock
+    build, at the same path, on the destination host. Its QEMU refuses the patched
+    build's -global at its start; livemig tries again with what a stock QEMU has and
+    says so. Before, the migration failed there (the source kept running)."""
+    patched = ROOT / "build" / "qemu" / "qemu-system-x86_64"
+    stock = ROOT / "build" / "qemu-upstream" / "qemu-system-x86_64"
+    if not (patched.exists() and stock.exists()):
+        pytest.fail("both builds are needed: make qemu qemu-upstream")
+    name = _unique("lmmixed")
+    _define(name, "shared", workload="mem:size=64M,rate=8M,hot=80/10,touch=128",
+            emulator=patched)
+    try:
+        time.sleep(4.0)  # booted
+        with _stock_on("dst", patched, stock):
+            proc, rep = _migrate(tmp_path, name, "--unsafe", "--profile", "livemig",
+                                 "--bandwidth", "32M", "--max-time", "150")
+        assert proc.returncode == 0, rep.get("reason")
+        again = next(e for e in rep["events"] if e["event"] == "retried for a stock destination")
+        assert again["refused"] == "x-multifd-compression-switch", again
+        assert "again with what a stock QEMU has" in proc.stderr
+        # nothing of the patched build's stream: no switch, no delta, no in-stream check
+        assert "lz4" not in rep["encoding"]["context"]["codecs"], rep["encoding"]
+        assert rep["encoding"].get("deferred") is not True
+        assert "the destination's QEMU has no" in rep["consistency"]["ram_detail"]["why"]
+        assert _where(name) == {"src": None, "dst": "running"}
+    finally:
+        _cleanup(name)

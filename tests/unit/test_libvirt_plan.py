@@ -402,3 +402,34 @@ def test_postcopy_after_asks_libvirt_for_postcopy() -> None:
     p = plan_for("defaults", {"postcopy-after": "20"})
     assert p.flags & P.POSTCOPY and p.postcopy_after == 20.0
     assert not plan_for("defaults").flags & P.POSTCOPY
+
+
+# -- a destination host whose QEMU is not the patched build ---------------------------
+FULL = P.QemuInfo(STOCK_CAPS | {P.SWITCH_CAP, P.DRAIN_CAP, P.RAM_CHECK_CAP},
+                  {**PATCHED.parameters, P.DELTA_KEY: 0},
+                  frozenset({"set-cpu-throttle", "cancel-cpu-throttle"}))
+
+
+def test_the_refused_global_of_a_stock_destination_is_recognised() -> None:
+    """libvirt's error when the destination QEMU refuses a -global at its start (the
+    text of the testbed's stock destination)."""
+    reason = ("internal error: qemu unexpectedly closed the monitor: 2026-11-30T19:07:15Z "
+              "qemu-system-x86_64: can't apply global migration.x-multifd-compression-"
+              "switch=on: Property 'migration.x-multifd-compression-switch' not found")
+    assert P.refused_global(reason) == P.SWITCH_CAP
+    assert P.refused_global("Unsafe migration: Migration without shared storage") is None
+    assert P.refused_global(None) is None
+
+
+def test_toward_a_stock_destination_the_plan_keeps_the_sources_own_mechanisms() -> None:
+    wanted = {**merge("livemig", {}), "multifd-compression": "zstd", "encoding": "off"}
+    both = P.make_plan(wanted, frozenset(), FULL, P.Request())
+    assert both.drain and both.ram_check
+    stock = P.make_plan(wanted, frozenset(), FULL.for_stock_peer(), P.Request())
+    # nothing the destination's QEMU would refuse or could not read
+    assert not stock.drain and not stock.ram_check
+    assert set(stock.dst_globals) <= {"multifd-compression"}
+    assert not set(stock.src_caps) & P.PEER_CAPS
+    assert "the destination's QEMU has no" in stock.ram_check_why
+    # the source's direct throttle needs nothing of the destination: it stays
+    assert stock.throttle_knob == "command" and stock.throttle == "converge"

@@ -62,6 +62,9 @@ POLICY_THROTTLES = ("reference", "direct", "staged", "converge")
 STOCK_THROTTLE = "auto-converge"
 # multifd-compression values the model knows, by QEMU's name
 _CODEC_NAMES = {"zstd": "zstd", "lz4": "lz4", "none": "plain"}
+# what a stock QEMU's multifd has of those (zstd where it was built with it, as
+# Debian's and this project's unpatched build are)
+STOCK_CODECS = frozenset({"zstd", "plain"})
 # what a switch may change, set at the start too (the stream starts with
 # encoding.start_choice): the run puts back what it set, and a choice without them
 # has them so (no delta encoding, zstd's level 1)
@@ -441,4 +444,4 @@ async def multifd_codecs(src: QmpEnd) -> frozenset[str]:
         member = next(m for m in ret["members"] if m["name"] == "multifd-compression")
         values = by_name[member["type"]].get("values", [])
         return frozenset(_CODEC_NAMES[v] for v in values if v in _CODEC_NAMES)
-    return frozenset({"zstd", "plain"})
+    return STOCK_CODECS

@@ -134,6 +134,20 @@ RAM_CHECK_FAULT = "x-ram-digest-check-fault"
 # s per GiB each on a quiet host (patch 0006's measurement; 0.13-0.16 s each with both
 # ends on one busy 2-core host)
 IN_STREAM_S_PER_GIB = 0.1
+# the patched build's mechanisms in the stream itself: the destination QEMU libvirt
+# starts must have them too (a stock one refuses their -global, or the stream)
+PEER_CAPS = frozenset({SWITCH_CAP, DRAIN_CAP, RAM_CHECK_CAP})
+PEER_PARAMS = frozenset({LZ4_MARK, DELTA_KEY})
+# what a stock destination QEMU refusing one of them at its start says (libvirt's
+# error quotes QEMU's): "can't apply global migration.K=V: Property '...' not found"
+_REFUSED_GLOBAL = re.compile(r"can't apply global migration\.([\w-]+)=")
+
+
+def refused_global(reason: str | None) -> str | None:
+    """The migration property a destination QEMU refused at its start, if that is
+    why ``reason`` (a failed libvirt migration's) failed: it lacks livemig's build."""
+    m = _REFUSED_GLOBAL.search(reason or "")
+    return m.group(1) if m else None
 # livemig settings a libvirt run cannot carry out, and why (said in the report's
 # events whenever the profile or --set asks for more than the default)
 NOT_UNDER_LIBVIRT = {
@@ -176,6 +190,8 @@ class QemuInfo:
     parameters: Mapping[str, Any]
     commands: frozenset[str]
     ram_bytes: int | None = None  # the guest's RAM (query-memory-size-summary)
+    # whose lack the notes name: the destination's, toward a stock one (for_stock_peer)
+    who: str = "the domain's QEMU"
 
     @property
     def throttle_knob(self) -> str | None:
@@ -184,6 +200,14 @@ class QemuInfo:
         if THROTTLE_PARAM in self.parameters:
             return "parameter"
         return None
+
+    def for_stock_peer(self) -> QemuInfo:
+        """What the source offers toward a destination QEMU without the patched
+        build's stream mechanisms (:data:`PEER_CAPS`, :data:`PEER_PARAMS`); its own
+        throttle, sampler and digest need nothing of the destination and stay."""
+        return QemuInfo(self.capabilities - PEER_CAPS,
+                        {k: v for k, v in self.parameters.items() if k not in PEER_PARAMS},
+                        self.commands, self.ram_bytes, "the destination's QEMU")
 
 
 @dataclass(frozen=True)
@@ -433,7 +457,7 @@ def _drain(mode: str, qemu: QemuInfo, notes: list[str]) -> bool:
         if mode == "on":
             raise UsageError(f"switchover-drain=on needs the patched QEMU's {DRAIN_CAP} "
                              "capability (patch 0007); the domain's emulator lacks it")
-        notes.append(f"switchover-drain not applied: the domain's QEMU has no {DRAIN_CAP} "
+        notes.append(f"switchover-drain not applied: {qemu.who} has no {DRAIN_CAP} "
                      "capability (patch 0007 of livemig's series)")
         return False
     return True
@@ -473,7 +497,7 @@ def _ram_check(qemu: QemuInfo, req: Request, flags: int,
     if not req.verify:
         return False, "--no-verify"
     if RAM_CHECK_CAP not in qemu.capabilities:
-        return False, (f"the domain's QEMU has no {RAM_CHECK_CAP} capability (patch 0006 "
+        return False, (f"{qemu.who} has no {RAM_CHECK_CAP} capability (patch 0006 "
                        "of livemig's series adds it); libvirt stops the source QEMU in "
                        "the call that completes the migration, so it cannot be "
                        "digested from outside")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import time
@@ -77,6 +78,7 @@ from livemig.virt.plan import (
     disk_check_method,
     has_stream_globals,
     make_plan,
+    refused_global,
     with_globals,
 )
 from livemig.virt.repair import put_back
@@ -102,6 +104,9 @@ class DomainOptions:
     request: Request
     max_time: float | None = None
     disk_fault: int | None = None  # debug: flip this byte of the destination's image
+    # the destination's QEMU lacks the patched build's stream mechanisms: a first
+    # attempt's destination refused one at its start (refused_global)
+    stock_peer: bool = False
 
 
 @dataclass
@@ -217,7 +222,8 @@ class DomainMigration:
         req = o.request
         if req.storage == "copy":
             req = Request(**{**req.__dict__, "disks": tuple(self.disks)})
-        plan = make_plan(self._second_plan(), o.explicit, info, req)
+        plan = make_plan(self._second_plan(), o.explicit,
+                         info.for_stock_peer() if o.stock_peer else info, req)
         if req.storage == "copy":
             if not self.disks:
                 raise UsageError(f"--storage copy: domain {o.domain!r} has no writable disk")
@@ -298,7 +304,7 @@ class DomainMigration:
         events.subscribe(progress_listener(self.progress))
         adapted = adapt_domain(self.dom, self.src_conn, first, events, o.request.tls,
                                self.idle, peer_of(o.request.migrate_uri or o.dst_uri),
-                               dst_local=on_this_host(o.dst_uri))
+                               dst_local=on_this_host(o.dst_uri), stock_peer=o.stock_peer)
         self.run.events.extend(events.log)
         self.run.encoding = adapted.encoding
         self.deferred = adapted.deferred
@@ -763,6 +769,28 @@ class _Hooks:
 def run_domain_migration(opts: DomainOptions, progress: Progress,
                          on_prepared: Callable[[DomainMigration], None] | None = None
                          ) -> DomainRun:
+    """One migration of the domain; once more, with what a stock QEMU has, when the
+    destination's QEMU refused one of the patched build's mechanisms at its start (a
+    host not yet upgraded, or rolled back): that failure comes before any guest
+    state is sent, and the source kept running."""
+    run = _attempt(opts, progress, on_prepared)
+    refused = None if opts.stock_peer else refused_global(
+        run.result.reason if run.result.outcome == "failed" else None)
+    if refused is None:
+        return run
+    why = (f"the destination's QEMU has no {refused} (not the patched build): "
+           "again with what a stock QEMU has")
+    progress.step(why)
+    again = _attempt(dataclasses.replace(opts, stock_peer=True), progress, on_prepared)
+    again.events.insert(0, {"t": 0.0, "event": "retried for a stock destination",
+                            "refused": refused, "first_attempt_s": round(
+                                (run.t_end or time.time()) - run.t0, 3),
+                            "first_reason": run.result.reason})
+    return again
+
+
+def _attempt(opts: DomainOptions, progress: Progress,
+             on_prepared: Callable[[DomainMigration], None] | None) -> DomainRun:
     m = DomainMigration(opts, progress)
     libvirt = libvirt_module()
     try:

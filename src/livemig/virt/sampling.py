@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from livemig.engine.adapt import Adapted, Hints, adapt
+from livemig.engine.adapt import STOCK_CODECS, Adapted, Hints, adapt
 from livemig.engine.events import EventStream
 from livemig.engine.plan import Plan
 from livemig.idlecpu import Counters, IdleMeter, Reader
@@ -163,18 +163,23 @@ def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
 
 def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream,
                  tls: bool = False, idle: IdleMeter | None = None,
-                 peer: str | None = None, dst_local: bool = False) -> Adapted:
+                 peer: str | None = None, dst_local: bool = False,
+                 stock_peer: bool = False) -> Adapted:
     """The second plan for ``dom`` (sync: libvirt runs are); ``idle``: the source
     host's idle-CPU meter, started when the run connected (else now); ``peer``: the
     destination host (the link's rate is read from the route to it); ``dst_local``:
-    its daemon runs on this host."""
+    its daemon runs on this host; ``stock_peer``: the destination's QEMU lacks the
+    patched build (stock's codecs, no codec switch, no delta cache)."""
     auto = (plan.livemig_setting("encoding") == "auto"
             and plan.livemig_setting("sampler") == "auto")
     reuse = given_sample(str(dom.name()), events) if auto else None  # else unused
     # the destination QEMU libvirt starts gets x-multifd-compression-switch by -global
-    # (virt/plan.py) when the source has it: the same build at both ends, as for lz4
+    # (virt/plan.py) when the source has it: the same build at both ends unless a
+    # first attempt found otherwise (virt/run.py: refused_global)
     hints = dataclasses.replace(
         host_hints(conn, dom, tls, idle if idle is not None else node_meter(conn),
                    dst_local),
-        peer=peer, given=reuse, dst_switch=True)
+        peer=peer, given=reuse, dst_switch=not stock_peer,
+        dst_codecs=STOCK_CODECS if stock_peer else None,
+        dst_delta=False if stock_peer else None)
     return asyncio.run(adapt(DomainEnd(dom), plan, hints, events))
