@@ -77,12 +77,11 @@ def source_only(s: EndSettings, d: EndSettings) -> list[str]:
 
 
 async def negotiate(src: QmpEnd, dst: QmpEnd, plan: Plan,
-                    src_now: EndSettings | None = None,
-                    dst_now: EndSettings | None = None) -> Negotiated:
+                    src_now: EndSettings | None = None) -> Negotiated:
     """Resolve the plan against what both QEMUs have (:func:`shared`); a setting the
     user named that only the source has is a usage error naming the destination."""
     s = src_now or await read(src)
-    d = dst_now or await read(dst)
+    d = await read(dst)
     wanted = plan.wanted
     if plan.bandwidth is not None:
         wanted["max-bandwidth"] = str(plan.bandwidth)

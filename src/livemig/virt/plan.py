@@ -148,6 +148,8 @@ def refused_global(reason: str | None) -> str | None:
     why ``reason`` (a failed libvirt migration's) failed: it lacks livemig's build."""
     m = _REFUSED_GLOBAL.search(reason or "")
     return m.group(1) if m else None
+
+
 # livemig settings a libvirt run cannot carry out, and why (said in the report's
 # events whenever the profile or --set asks for more than the default)
 NOT_UNDER_LIBVIRT = {
