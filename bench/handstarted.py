@@ -140,7 +140,12 @@ CONFIGS: dict[str, tuple[str, bool]] = {
     # on either build (ablations: not in the default set)
     "livemig-nosbw": ("livemig", False),
     "livemig@stock-nosbw": ("livemig", True),
+    # the patched build at the source, the unpatched one at the destination (a host
+    # not yet upgraded): what the source's own mechanisms give (not in the default set)
+    "livemig@mixed": ("livemig", False),
 }
+# configurations whose destination runs the unpatched build whatever the source runs
+TO_STOCK = frozenset({"livemig@mixed"})
 # the configurations a run has unless --configs says otherwise
 DEFAULT_CONFIGS = ("upstream", "upstream-xbzrle", "livemig", "livemig@stock")
 # what a configuration adds to livemig's command line
@@ -456,7 +461,9 @@ def one_run(family: str, config: str, repeat: int, a: argparse.Namespace,
         procs.append(start_qemu(d, "src", workload, memory=a.memory, qemu=qemu,
                                 machine_type=a.machine, vcpus=a.vcpus))
         procs.append(start_qemu(d, "dst", workload, incoming=True, paused=True,
-                                memory=a.memory, qemu=qemu, machine_type=a.machine,
+                                memory=a.memory,
+                                qemu=a.stock_qemu if config in TO_STOCK else qemu,
+                                machine_type=a.machine,
                                 vcpus=a.vcpus))
         src_agent.start()
         dst_agent.start()
@@ -491,6 +498,8 @@ def one_run(family: str, config: str, repeat: int, a: argparse.Namespace,
         trace = Trace.heard(src_agent, dst_agent, t_ready, t_launch, t_exit)
         return {"family": family, "config": config, "repeat": repeat, "profile": profile,
                 "qemu": str(qemu), "binary": "unpatched" if on_stock else "patched",
+                "destination_binary": ("unpatched" if on_stock or config in TO_STOCK
+                                       else "patched"),
                 "workload": workload, "memory": a.memory, "bandwidth": a.bandwidth,
                 "machine": a.machine, "vcpus": a.vcpus,
                 "livemig_exit": rc, "argv": argv,
