@@ -95,9 +95,8 @@ async def negotiate(src: QmpEnd, dst: QmpEnd, plan: Plan,
     unused: tuple[str, ...] = ()
     if missing:  # what the plan would have set, had the destination had it too
         alone = resolve(wanted, s.capabilities, s.parameters)
-        unused = tuple(sorted(
-            {*(k for k in alone.capabilities if k not in resolved.capabilities),
-             *(k for k in alone.parameters if k not in resolved.parameters)}))
+        unused = tuple(k for k in missing
+                       if k in alone.capabilities or k in alone.parameters)
     # 'events' makes QEMU emit MIGRATION / MIGRATION_PASS: their timestamps time the
     # switchover and mark rounds
     caps = {"events": True, **resolved.capabilities}
