@@ -61,12 +61,21 @@ PACKET_PAGES = 128  # pages per multifd packet: codecs are timed on packets
 CODEC_PAGES = 256
 ZLIB_PAGES = 64  # rewritten pages whose zlib ratio the report's median is taken over
 TIE = 0.10  # estimates within 10 % of the best: the fewer bytes win
+# ... unless it costs the guest more than this much more work (seconds): the choice
+# with the least harm wins such a tie (a patched source to a stock destination chose
+# zstd under the converge throttle over xbzrle within the tie, for 25 % fewer bytes:
+# 3.6 s of work lost and 1.7 s below 10 % against 1.2 s and 0,
+# docs/results/mixed-builds-2026-11-30)
+HARM_TIE_S = 1.0
 UNSHAPED = 10e9 / 8  # bytes/s assumed when nothing caps the stream
 # bytes/s one CPU sends uncompressed (the testbed's 10gbit link carried 7.9 Gbit/s,
 # CPU-bound on 2 CPUs: ~1 GB/s per CPU for both ends' socket work)
 PLAIN_SPEED = 1e9
 BYTES_TIE = 0.05  # byte counts this close count as equal: then the cheaper CPU wins
 MAX_Q = 0.5  # re-send rounds must at least halve: else a throttle has to help
+# what an xbzrle choice sets where the converge throttle would be used: QEMU's
+# auto-converge and stock's fixed downtime limit (adapt's stock throttle)
+XBZRLE_THROTTLE = {"throttle": "auto-converge", "downtime-ramp": "off"}
 MIN_DELTA_CACHE = 64 << 20
 HOST_SHARE = 4  # the delta cache takes at most 1/4 of the host's available memory
 # bytes/s one CPU encrypts and sends over TLS (gnutls, AES-GCM with AES-NI/PCLMUL):
@@ -368,29 +377,6 @@ def estimate(first: Codec, resend: Codec, nonzero: float, dirty_rate: float,
                     throttle * t2, p1, p2, nonzero / first.speed + total_again / resend.speed)
 
 
-def estimate_xbzrle(changed_share: float, nonzero: float, dirty_rate: float,
-                    ctx: Context) -> Estimate:
-    """xbzrle, as QEMU 10.2 runs it: one stream, no compression; the first pass sends
-    whole pages and caches none of them (``xbzrle_started`` is set after it), so a
-    page's first re-send is whole too and enters the cache; only later re-sends are
-    deltas (``changed_share`` of the page plus run headers), encoded by the one
-    migration thread. The matrix of 2026-11-27 (docs/results/attach-matrix-2026-11-27)
-    showed it: on small-write hot sets xbzrle's first re-send round carried 60-160 MiB
-    of whole pages, and multifd zstd beat it on time and bytes on every family but the
-    flat-out database."""
-    one, plain, delta = _xbzrle(changed_share, ctx)
-    p1, p3 = page_rate(plain, one), page_rate(delta, one)
-    t1 = nonzero / p1
-    again = min(nonzero, dirty_rate * t1)  # dirtied during the first pass: whole pages
-    throttle2 = _throttle(dirty_rate, p1)
-    t2 = again / p1  # one round of them: their next re-send is a delta
-    third = min(nonzero, dirty_rate * t2 * (1.0 - throttle2))
-    total3, t3, throttle = _resends(third, dirty_rate, p3)
-    return Estimate(t1 + t2 + t3, nonzero + again + total3 / delta.ratio,
-                    throttle2 * t2 + throttle * t3, p1, p3,
-                    (nonzero + again) / plain.speed + total3 / delta.speed)
-
-
 def _xbzrle(changed_share: float, ctx: Context) -> tuple[Context, Codec, Codec]:
     """xbzrle's stream: one migration thread (at most one CPU), its whole pages and its
     deltas (``changed_share`` of a page plus run headers)."""
@@ -418,10 +404,15 @@ def estimate_auto_converge(first: Codec, resend: Codec, curve: DirtyCurve,
 
 def estimate_xbzrle_auto_converge(changed_share: float, curve: DirtyCurve,
                                   ctx: Context) -> Estimate:
-    """xbzrle (:func:`estimate_xbzrle`'s stream) under auto-converge: the first pass
-    and the first re-send round whole pages on one stream, later rounds deltas. The
-    whole-page round needs no throttle to shrink: the rounds after it are deltas,
-    however many pages it leaves."""
+    """xbzrle, as QEMU 10.2 runs it, under auto-converge: one stream, no compression;
+    the first pass sends whole pages and caches none of them (``xbzrle_started`` is
+    set after it), so a page's first re-send is whole too and enters the cache; only
+    later re-sends are deltas (``changed_share`` of the page plus run headers),
+    encoded by the one migration thread. The whole-page round needs no throttle to
+    shrink: the rounds after it are deltas, however many pages it leaves. (The
+    matrix of 2026-11-27, docs/results/attach-matrix-2026-11-27: on small-write hot
+    sets xbzrle's first re-send round carried 60-160 MiB of whole pages, and multifd
+    zstd beat it on time and bytes on every family but the flat-out database.)"""
     one, plain, delta = _xbzrle(changed_share, ctx)
     whole = _stream(plain, one)
     run = autoconverge.simulate(whole, whole, curve, later=_stream(delta, one),
@@ -477,10 +468,14 @@ def idle_covers(idle_cpus: float | None, need: float) -> bool:
 
 
 def pick(est: dict[str, Estimate]) -> str:
-    """The least time plus work lost; among those within ``TIE`` of it the fewest
-    bytes, and among byte counts within ``BYTES_TIE`` the least CPU."""
+    """The least time plus work lost; among those within ``TIE`` of it (and within
+    ``HARM_TIE_S`` of their least work lost: a tie does not buy bytes with the
+    guest's work) the fewest bytes, and among byte counts within ``BYTES_TIE`` the
+    least CPU."""
     top = min(e.score for e in est.values())
     near = [n for n, e in est.items() if e.score <= (1 + TIE) * top]
+    gentlest = min(est[n].work_lost for n in near)
+    near = [n for n in near if est[n].work_lost <= gentlest + HARM_TIE_S]
     least = min(est[n].bytes for n in near)
     lean = [n for n in near if est[n].bytes <= (1 + BYTES_TIE) * least]
     return min(lean, key=lambda n: (est[n].cpu_seconds, est[n].bytes))
@@ -635,8 +630,9 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
     """Every encoding the QEMU has, modelled on the sample (``estimate``): the first pass
     over the guest's non-zero memory, then the rounds re-sending what the guest dirtied
     meanwhile. The least time plus guest work lost wins; within ``TIE`` the one that
-    sends fewer bytes. On stock QEMU small rewrites also get xbzrle modelled
-    (:func:`estimate_xbzrle`: one stream, whole pages until a page's second re-send)."""
+    sends fewer bytes. Without the delta cache small rewrites also get xbzrle
+    modelled (:func:`estimate_xbzrle_auto_converge`: one stream, whole pages until a
+    page's second re-send, under auto-converge, which the choice then sets)."""
     ctx = ctx or Context()
     n_pages, n_pairs = sample.kept, sample.rewritten
     if n_pages < MIN_SAMPLES:
@@ -672,9 +668,12 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
                         for n, c in first.items() if codec_of(n) == "zstd"})
     if not ctx.delta and n_pairs >= MIN_SAMPLES and share is not None \
             and share <= SMALL_DELTA:  # stock QEMU's delta encoding, for small rewrites
-        est["xbzrle"] = (estimate_xbzrle_auto_converge(share, curve, ctx)
-                         if curve is not None
-                         else estimate_xbzrle(share, nonzero, dirty_rate, ctx))
+        # under auto-converge also where the converge throttle is there (a patched
+        # source without the delta cache: a stock destination, or post-copy to
+        # follow), which would hold the guest down through xbzrle's whole-page round
+        # (docs/results/mixed-builds-2026-11-30)
+        est["xbzrle"] = estimate_xbzrle_auto_converge(
+            share, curve if curve is not None else dirty_curve(sample, nonzero), ctx)
     name = pick(one_level(est, ctx.idle_cpus, ctx.dst_local))
     link = f"{(ctx.link_rate or UNSHAPED) * 8 / 1e6:.0f} Mbit/s"
     if ctx.link_from:
@@ -715,6 +714,10 @@ def choose_sample(sample: Sample, ctx: Context | None = None) -> Choice:
         cache = delta_cache(ctx)
         settings["xbzrle-cache-size"] = f"{cache >> 20}M"
         reason += f"; {cache >> 20} MiB xbzrle cache ({_covers(cache, ctx)})"
+        if not ctx.auto_converge:  # as modelled: the ladder, and stock's fixed limit
+            settings.update(XBZRLE_THROTTLE)
+            reason += ("; under QEMU's auto-converge, as modelled (its deltas converge "
+                       "once the whole-page round is over)")
     return Choice(name, reason, share, ratio, n_pairs, settings=settings,
                   page_rates={n: e.first_rate for n, e in est.items()})
 
