@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -216,3 +217,24 @@ def test_bench_configurations_and_a_run_without_a_report() -> None:
             "longest_pause_ms": None, "expected_s": None, "verified": 0, "vms": []}
     md = bench.table({"livemig": [ok, dead]})
     assert "| livemig | 2 | 12.0 | 12.0, - |" in md and "| 1/2 |" in md
+
+
+def test_a_patched_qemu_on_this_host_is_read_through_its_mapping_before_migrate(
+        tmp_path: Path) -> None:
+    """With a stock destination the user waits for the sample before `migrate`: the
+    /proc/PID/mem reader, which decides most guests at its half-way look, comes
+    before QEMU's own two looks 0.45 s apart; beside the first pass (a destination
+    that can switch codecs) and for a QEMU elsewhere, QEMU's own."""
+    local: Any = type("End", (), {"cmd": None, "pid": os.getpid()})()
+    away: Any = type("End", (), {"cmd": None, "pid": None})()
+    own = {"x-calc-ram-sample"}
+    picked, close = sampler_for(local, "auto", own, Hints(scratch=tmp_path),
+                                before_migrate=True)
+    try:
+        assert picked.name == "procmem"
+    finally:
+        close()
+    assert sampler_for(local, "auto", own, Hints(scratch=tmp_path))[0].name == "qemu"
+    assert sampler_for(away, "auto", own, Hints(), before_migrate=True)[0].name == "qemu"
+    # asked for by name: QEMU's own, whenever
+    assert sampler_for(local, "qemu", own, Hints(), before_migrate=True)[0].name == "qemu"

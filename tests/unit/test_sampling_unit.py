@@ -676,7 +676,8 @@ def test_the_engines_queries_run_beside_reads_that_do_not_use_the_monitor(
         await asyncio.sleep(0.001)
         return await g.read(gpa, size)
 
-    def sampler_for(src: Any, mode: str, commands: set[str], hints: Hints) -> Any:
+    def sampler_for(src: Any, mode: str, commands: set[str], hints: Hints,
+                    before_migrate: bool = False) -> Any:
         return PeekSampler("test", g.hmp, slow_read, qmp=src.cmd,
                            monitor_reads=monitor_reads), lambda: None
     monkeypatch.setattr(adapt_mod, "sampler_for", sampler_for)

@@ -206,7 +206,8 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
         return {"encoding": None, "reason": f"set explicitly: {', '.join(given)}"}, {}
     sampled: dict[str, Any] | None = None
     if want == "auto":
-        sampler, close = sampler_for(src, plan.livemig_setting("sampler"), commands, hints)
+        sampler, close = sampler_for(src, plan.livemig_setting("sampler"), commands, hints,
+                                     before_migrate=known is None)
         events.say(f"sampling the guest's pages ({sampler.name} sampler)")
         # the context's queries (query-qmp-schema: ~0.05 s) while the sample reads
         # through /proc/PID/mem, or, when its reads go through the same monitor, while
@@ -277,18 +278,26 @@ async def _encoding(src: QmpEnd, plan: Plan, hints: Hints, commands: set[str],
 
 
 def sampler_for(src: QmpEnd, mode: str, commands: set[str],
-                hints: Hints) -> tuple[Sampler, Any]:
+                hints: Hints, before_migrate: bool = False) -> tuple[Sampler, Any]:
     """The sampler for ``mode`` (``auto``: a sample the caller was given, else the
     patched QEMU's own, else ``/proc/PID/mem`` for a QEMU on this host livemig may
     trace, else libvirt's memory peek for a domain, else ``pmemsave`` for a QEMU on
-    this host, else HMP ``xp``) and a function that cleans up after it."""
+    this host, else HMP ``xp``) and a function that cleans up after it.
+
+    ``before_migrate``: the user waits for the sample (no codec switch at the
+    destination: a stock one). Then a patched QEMU on this host is read through
+    ``/proc/PID/mem`` first: that reader decides most guests at its half-way look
+    (0.29 s on the whole-page guest), QEMU's own takes its two looks 0.45 s apart
+    (0.54 s; docs/results/mixed-builds-2026-11-30)."""
     if mode == "file":
         if hints.file_sampler is None:
             raise UsageError("--set sampler=file needs a guest RAM file (lab runs only)")
         return hints.file_sampler, lambda: None
     if mode == "auto" and hints.given is not None:
         return hints.given, lambda: None
-    if mode in ("auto", "qemu") and QEMU_SAMPLE in commands:
+    own = QEMU_SAMPLE in commands
+    quick = mode == "auto" and before_migrate and qemu_is_local(src.pid)
+    if own and (mode == "qemu" or (mode == "auto" and not quick)):
         return QemuSampler(src.cmd), lambda: None
     if mode == "qemu":
         raise UsageError(f"--set sampler=qemu: this QEMU has no {QEMU_SAMPLE} (the "
@@ -320,6 +329,8 @@ def sampler_for(src: QmpEnd, mode: str, commands: set[str],
                                monitor_reads=False), close
     if mode == "procmem":
         raise UsageError("--set sampler=procmem: the source QEMU does not run on this host")
+    if own:  # QEMU's mapping could not be read: its own sampler
+        return QemuSampler(src.cmd), lambda: None
     if mode in ("auto", "peek") and hints.peek is not None:
         return PeekSampler("libvirt-peek", hmp, hints.peek, qmp=src.cmd), lambda: None
     if mode in ("auto", "pmemsave") and qemu_is_local(src.pid):
