@@ -329,7 +329,7 @@ def sampler_for(src: QmpEnd, mode: str, commands: set[str],
                                monitor_reads=False), close
     if mode == "procmem":
         raise UsageError("--set sampler=procmem: the source QEMU does not run on this host")
-    if own:  # QEMU's mapping could not be read: its own sampler
+    if own and mode == "auto":  # QEMU's mapping could not be read: its own sampler
         return QemuSampler(src.cmd), lambda: None
     if mode in ("auto", "peek") and hints.peek is not None:
         return PeekSampler("libvirt-peek", hmp, hints.peek, qmp=src.cmd), lambda: None
