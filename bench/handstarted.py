@@ -140,6 +140,9 @@ CONFIGS: dict[str, tuple[str, bool]] = {
     # on either build (ablations: not in the default set)
     "livemig-nosbw": ("livemig", False),
     "livemig@stock-nosbw": ("livemig", True),
+    # livemig on the unpatched build with the encoding given (no page sample): what
+    # the engine's rounds cost or save without the sample (an ablation)
+    "livemig@stock-zstd": ("livemig", True),
     # the patched build at the source, the unpatched one at the destination (a host
     # not yet upgraded): what the source's own mechanisms give (not in the default set)
     "livemig@mixed": ("livemig", False),
@@ -153,7 +156,8 @@ CONFIG_SETS = {"livemig-sample-first": ("x-multifd-compression-switch=off",),
                "upstream-zstd3": ("multifd-zstd-level=3",),
                "livemig-lz4delta": ("encoding=lz4-delta",),
                "livemig-nosbw": ("switchover-bandwidth=off",),
-               "livemig@stock-nosbw": ("switchover-bandwidth=off",)}
+               "livemig@stock-nosbw": ("switchover-bandwidth=off",),
+               "livemig@stock-zstd": ("encoding=zstd",)}
 STOCK_CONFIGS = ("upstream", "upstream-xbzrle")  # the baselines
 
 READY_TIMEOUT_S = 240.0  # boot under TCG plus filling the workload's region
