@@ -162,14 +162,16 @@ def _cleanup(name: str) -> None:
             c.close()
 
 
-def _migrate(tmp_path: Path, name: str, *args: str,
-             timeout: float = 240) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+def _migrate(tmp_path: Path, name: str, *args: str, timeout: float = 240,
+             env: dict[str, str] | None = None
+             ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     report = tmp_path / "report.json"
     proc = subprocess.run(livemig_cmd("migrate", "--domain", name,
                                       "--connect", libvirtd.uri("src"),
                                       "--to", libvirtd.uri("dst"), "--report", str(report),
                                       *args),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr[-4000:])
     assert report.exists(), f"no report; rc={proc.returncode}\n{proc.stderr[-2000:]}"
@@ -906,19 +908,35 @@ def test_patched_source_to_a_host_not_yet_upgraded(daemons: dict[str, str],
     """The domain's emulator is the patched build on the source host and the stock
     build, at the same path, on the destination host. Its QEMU refuses the patched
     build's -global at its start; livemig tries again with what a stock QEMU has and
-    says so. Before, the migration failed there (the source kept running)."""
+    says so. Before, the migration failed there (the source kept running). A second
+    domain, told the destination is stock as ``livemig evacuate`` tells the VMs after
+    the first (STOCK_PEER_ENV), starts as the retry did: no refused first attempt."""
+    from livemig.virt.plan import STOCK_PEER_ENV
+
     patched = ROOT / "build" / "qemu" / "qemu-system-x86_64"
     stock = ROOT / "build" / "qemu-upstream" / "qemu-system-x86_64"
     if not (patched.exists() and stock.exists()):
         pytest.fail("both builds are needed: make qemu qemu-upstream")
-    name = _unique("lmmixed")
-    _define(name, "shared", workload="mem:size=64M,rate=8M,hot=80/10,touch=128",
-            emulator=patched)
+    name, told = _unique("lmmixed"), _unique("lmtold")
+    (tmp_path / "told").mkdir()
+    for n in (name, told):
+        _define(n, "shared", workload="mem:size=64M,rate=8M,hot=80/10,touch=128",
+                emulator=patched)
     try:
         time.sleep(4.0)  # booted
         with _stock_on("dst", patched, stock):
             proc, rep = _migrate(tmp_path, name, "--unsafe", "--profile", "livemig",
                                  "--bandwidth", "32M", "--max-time", "150")
+            proc2, rep2 = _migrate(tmp_path / "told", told, "--unsafe", "--profile",
+                                   "livemig", "--bandwidth", "32M", "--max-time", "150",
+                                   env={STOCK_PEER_ENV: "the test's word"})
+        assert proc2.returncode == 0, rep2.get("reason")
+        kinds = [e["event"] for e in rep2["events"]]
+        assert "stock destination" in kinds and "retried for a stock destination" \
+            not in kinds, kinds
+        assert "the test's word" in proc2.stderr
+        assert "lz4" not in rep2["encoding"]["context"]["codecs"], rep2["encoding"]
+        assert _where(told) == {"src": None, "dst": "running"}
         assert proc.returncode == 0, rep.get("reason")
         again = next(e for e in rep["events"] if e["event"] == "retried for a stock destination")
         assert again["refused"] == "x-multifd-compression-switch", again
@@ -930,3 +948,4 @@ def test_patched_source_to_a_host_not_yet_upgraded(daemons: dict[str, str],
         assert _where(name) == {"src": None, "dst": "running"}
     finally:
         _cleanup(name)
+        _cleanup(told)

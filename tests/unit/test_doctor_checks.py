@@ -189,9 +189,11 @@ def test_gate_returns_only_what_keeps_a_host_out(monkeypatch: pytest.MonkeyPatch
     from livemig.doctor import gate
 
     monkeypatch.setattr(gate, "gather", lambda _u, _e, _t: replace(GOOD, free_memory=1 << 20))
-    assert [(f.level, f.what) for f in gate.blocking("qemu:///system")] == [(FAIL, "memory")]
+    v = gate.examine("qemu:///system")
+    assert [(f.level, f.what) for f in v.fails] == [(FAIL, "memory")] and v.stock is None
     monkeypatch.setattr(gate, "gather", lambda _u, _e, _t: replace(GOOD, qemu=STOCK))
-    assert gate.blocking("qemu:///system") == []  # a stock QEMU only warns
+    v = gate.examine("qemu:///system")
+    assert v.fails == [] and v.stock  # a stock QEMU only warns, and is named as one
 
 
 def test_the_remote_probe_domain_has_no_disk_nor_network_and_its_answers_are_read() -> None:

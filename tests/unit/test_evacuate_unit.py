@@ -322,15 +322,23 @@ def test_doctor_gate_checks_each_destination_with_the_domains_emulators(
 
     asked: list[tuple[str, str | None, bool]] = []
 
-    def fake(uri: str, emu: object = None, tls_required: bool = True) -> list[Finding]:
+    def fake(uri: str, emu: object = None, tls_required: bool = True) -> gate.Verdict:
         asked.append((uri, str(emu) if emu else None, tls_required))
-        return [Finding("fail", "emulator", "/opt/q: no such binary")] \
-            if uri.endswith("c/system") else []
+        if uri.endswith("c/system"):
+            return gate.Verdict([Finding("fail", "emulator", "/opt/q: no such binary")],
+                                None)
+        # d runs a stock QEMU at both paths; b a patched one at /opt/q only
+        return gate.Verdict([], f"{emu} is stock" if uri.endswith("d/system") or
+                            str(emu) != "/opt/q" else None)
 
-    monkeypatch.setattr(gate, "blocking", fake)
+    monkeypatch.setattr(gate, "examine", fake)
     src = _Src({"a": "/opt/q", "b": "/opt/q", "c": "/usr/bin/qemu-system-x86_64"})
-    doctor_gate(src, ["a", "b"], "qemu+tls://a/system", ["qemu+tls://b/system"])
+    assert doctor_gate(src, ["a", "b"], "qemu+tls://a/system", ["qemu+tls://b/system"]) == {}
     assert asked == [("qemu+tls://b/system", "/opt/q", True)]  # one emulator, TLS between hosts
+    # a destination is stock only when every emulator the domains name is
+    assert doctor_gate(src, ["a", "c"], "qemu+tls://a/system",
+                       ["qemu+tls://b/system", "qemu+tls://d/system"]) == {
+        "qemu+tls://d/system": "/opt/q is stock; /usr/bin/qemu-system-x86_64 is stock"}
     asked.clear()
     with pytest.raises(SetupError, match=r"qemu\+tls://c/system cannot take part: emulator"):
         doctor_gate(src, ["a", "c"], "qemu+tls://a/system",

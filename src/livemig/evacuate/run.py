@@ -39,6 +39,10 @@ from livemig.evacuate.pool import Pool
 from livemig.evacuate.schedule import MIGRATING, QUEUED, VmFacts, VmState
 from livemig.sampling import given
 from livemig.virt.conn import libvirt_module
+from livemig.virt.plan import RETRIED_STOCK, STOCK_PEER_ENV
+
+# what a child's environment gets from the evacuation, per VM, never inherited
+CHILD_ENV = (given.ENV, STOCK_PEER_ENV)
 
 POLL_S = 0.5
 EXIT_POLL_S = 0.05  # how soon a child's exit is seen between polls (a waitpid each)
@@ -95,6 +99,9 @@ class Options:
     # "livemig" (schedule.decide) or "fixed:N" (a baseline: N at a time in the given
     # order, no caps, TCP splits the link: what Nova and KubeVirt do)
     scheduler: str = "livemig"
+    # destinations known to run a stock QEMU, and how it is known (the doctor's probe);
+    # an evacuation adds those a child had to retry toward (run.Evacuation.stock)
+    stock: dict[str, str] = field(default_factory=dict)
 
     @property
     def fixed(self) -> int | None:
@@ -108,9 +115,10 @@ def fixed_concurrency(scheduler: str) -> int | None:
 
 def warm_pool(vms: int, max_parallel: int, fixed: int | None) -> Pool:
     """Warm children for the first wave (``max_parallel``, or N of ``fixed:N``),
-    whose environment names no page sample (each VM's own is passed to its child)."""
+    whose environment names no page sample and no stock destination (each VM's own
+    is passed to its child)."""
     return Pool(min(vms, max(1, max_parallel, fixed or 0)),
-                {k: v for k, v in os.environ.items() if k != given.ENV})
+                {k: v for k, v in os.environ.items() if k not in CHILD_ENV})
 
 
 class Evacuation:
@@ -129,6 +137,10 @@ class Evacuation:
         self.pool = pool or warm_pool(len(vms), opts.max_parallel, opts.fixed)
         # (before its stream, after it) of every migration that completed here
         self.overheads: list[tuple[float, float]] = []
+        # destinations known to run a stock QEMU, and how: the doctor's probe, else
+        # the first child that had to retry toward one (the VMs started after it
+        # skip the refused first attempt)
+        self.stock = dict(opts.stock)
 
     def overhead(self) -> schedule.Overhead:
         """What a migration costs here beyond its bytes, once one has completed: the
@@ -258,10 +270,12 @@ class Evacuation:
         env = {}
         if v.sample_file is not None:  # the child reuses it while it is fresh
             env[given.ENV] = str(v.sample_file)
+        if v.destination in self.stock:
+            env[STOCK_PEER_ENV] = self.stock[v.destination]
         with open(log, "ab") as f:
             f.write(f"$ livemig {' '.join(cmd)}\n".encode())
         cold = self.pool.cold
-        v.proc = self.pool.run(cmd, log, env, [given.ENV])
+        v.proc = self.pool.run(cmd, log, env, list(CHILD_ENV))
         v.tries.append({"attempt": v.attempts, "t": round(self.t(), 3), "report": str(report),
                         "bandwidth": round(bandwidth), "expected": round(expected),
                         "sample_given": v.sample_file is not None,
@@ -291,6 +305,7 @@ class Evacuation:
             rep = json.loads(report.read_text())
         v.reports.append(rep)
         v.tries[-1].update(exit=rc, outcome=rep.get("outcome"), end=round(self.t(), 3))
+        self._learn_stock(v, rep)
         v.proc, v.live = None, {}
         first, last = v.first_byte, v.last_byte
         v.first_byte = v.last_byte = None  # a retry streams again
@@ -319,6 +334,19 @@ class Evacuation:
         else:
             v.status, v.ended = FAILED, self.t()
             self.event("failed", vm=v.name, reason=v.reason)
+
+    def _learn_stock(self, v: Vm, rep: dict[str, Any]) -> None:
+        """A child whose first attempt the destination's QEMU refused: the VMs started
+        toward that destination from now on start as its retry did."""
+        if v.destination in self.stock:
+            return
+        retried = next((e for e in rep.get("events") or []
+                        if isinstance(e, dict) and e.get("event") == RETRIED_STOCK), None)
+        if retried is None:
+            return
+        how = f"{v.name}'s first attempt: it has no {retried.get('refused')}"
+        self.stock[v.destination] = how
+        self.event("stock destination", destination=v.destination, how=how)
 
     def _runs_on_source(self, v: Vm) -> bool:
         """The domain is still active on the source (True when it cannot be told)."""

@@ -15,7 +15,7 @@ from livemig.settings import merge, parse_sets
 from livemig.tls.creds import enabled, libvirt_one_host
 from livemig.units import parse_size
 from livemig.virt import record
-from livemig.virt.plan import Request
+from livemig.virt.plan import STOCK_PEER_ENV, Request
 from livemig.virt.run import DomainOptions, run_domain_migration
 
 # options of a lab run (livemig boots the guest) that mean nothing for a domain
@@ -46,10 +46,12 @@ def options(a: argparse.Namespace, defaults: dict[str, Any]) -> DomainOptions:
                   ram_fault=offset if kind == "ram-byte" else None,
                   tls=enabled(a.tls, one_host=libvirt_one_host(a.connect, a.to)),
                   tls_destination=urlsplit(a.to).hostname)
+    told = os.environ.get(STOCK_PEER_ENV, "").strip()  # livemig evacuate's knowledge
     return DomainOptions(domain=a.domain, src_uri=a.connect, dst_uri=a.to,
                          profile=a.profile, wanted=merge(a.profile, sets),
                          explicit=frozenset(sets), request=req, max_time=a.max_time,
-                         disk_fault=offset if kind == "disk-byte" else None)
+                         disk_fault=offset if kind == "disk-byte" else None,
+                         stock_peer=bool(told), stock_told=told)
 
 
 def _fault(items: list[str], storage: str) -> tuple[str | None, int | None]:

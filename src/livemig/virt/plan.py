@@ -138,6 +138,19 @@ IN_STREAM_S_PER_GIB = 0.1
 # starts must have them too (a stock one refuses their -global, or the stream)
 PEER_CAPS = frozenset({SWITCH_CAP, DRAIN_CAP, RAM_CHECK_CAP})
 PEER_PARAMS = frozenset({LZ4_MARK, DELTA_KEY})
+# set by ``livemig evacuate`` for a ``migrate --domain`` child whose destination it
+# knows lacks them (the doctor's probe of its emulator, or an earlier VM's retry
+# toward it): the value says how it knows, and the child starts as its retry would
+STOCK_PEER_ENV = "LIVEMIG_STOCK_DESTINATION"
+# the report's event of a run whose first attempt the destination's QEMU refused
+RETRIED_STOCK = "retried for a stock destination"
+
+
+def lacks_peer_mechanisms(capabilities: frozenset[str], parameters: frozenset[str]
+                          ) -> list[str]:
+    """Which of :data:`PEER_CAPS` and :data:`PEER_PARAMS` a QEMU with these migration
+    capabilities and parameters lacks (empty: it can receive all of them)."""
+    return sorted((PEER_CAPS - capabilities) | (PEER_PARAMS - parameters))
 # what a stock destination QEMU refusing one of them at its start says (libvirt's
 # error quotes QEMU's): "can't apply global migration.K=V: Property '...' not found"
 _REFUSED_GLOBAL = re.compile(r"can't apply global migration\.([\w-]+)=")
@@ -202,6 +215,11 @@ class QemuInfo:
         if THROTTLE_PARAM in self.parameters:
             return "parameter"
         return None
+
+    @property
+    def peer_mechanisms(self) -> bool:
+        """It has one of the stream mechanisms the destination must have too."""
+        return bool(self.capabilities & PEER_CAPS or PEER_PARAMS & set(self.parameters))
 
     def for_stock_peer(self) -> QemuInfo:
         """What the source offers toward a destination QEMU without the patched

@@ -70,6 +70,7 @@ from livemig.virt.plan import (
     PAUSED,
     POSTCOPY,
     RAM_CHECK_CAP,
+    RETRIED_STOCK,
     STREAM_PARAMS,
     Plan,
     QemuInfo,
@@ -105,8 +106,10 @@ class DomainOptions:
     max_time: float | None = None
     disk_fault: int | None = None  # debug: flip this byte of the destination's image
     # the destination's QEMU lacks the patched build's stream mechanisms: a first
-    # attempt's destination refused one at its start (refused_global)
+    # attempt's destination refused one at its start (refused_global), or the caller
+    # knew it before (``stock_told``: how, from STOCK_PEER_ENV)
     stock_peer: bool = False
+    stock_told: str = ""
 
 
 @dataclass
@@ -222,8 +225,14 @@ class DomainMigration:
         req = o.request
         if req.storage == "copy":
             req = Request(**{**req.__dict__, "disks": tuple(self.disks)})
-        plan = make_plan(self._second_plan(), o.explicit,
-                         info.for_stock_peer() if o.stock_peer else info, req)
+        peer = info  # what the plan may use: what the destination's QEMU can take
+        if o.stock_peer and info.peer_mechanisms:
+            peer = info.for_stock_peer()
+            if o.stock_told:
+                self.run.event("stock destination", how=o.stock_told)
+                self.progress.step(f"the destination's QEMU is not the patched build "
+                                   f"({o.stock_told}): what a stock QEMU has")
+        plan = make_plan(self._second_plan(), o.explicit, peer, req)
         if req.storage == "copy":
             if not self.disks:
                 raise UsageError(f"--storage copy: domain {o.domain!r} has no writable disk")
@@ -782,7 +791,7 @@ def run_domain_migration(opts: DomainOptions, progress: Progress,
            "again with what a stock QEMU has")
     progress.step(why)
     again = _attempt(dataclasses.replace(opts, stock_peer=True), progress, on_prepared)
-    again.events.insert(0, {"t": 0.0, "event": "retried for a stock destination",
+    again.events.insert(0, {"t": 0.0, "event": RETRIED_STOCK,
                             "refused": refused, "first_attempt_s": round(
                                 (run.t_end or time.time()) - run.t0, 3),
                             "first_reason": run.result.reason})
