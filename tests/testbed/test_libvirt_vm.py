@@ -910,8 +910,9 @@ def test_patched_source_to_a_host_not_yet_upgraded(daemons: dict[str, str],
     build's -global at its start; livemig tries again with what a stock QEMU has and
     says so. Before, the migration failed there (the source kept running). A second
     domain, told the destination is stock as ``livemig evacuate`` tells the VMs after
-    the first (STOCK_PEER_ENV), starts as the retry did: no refused first attempt."""
-    from livemig.virt.plan import STOCK_PEER_ENV
+    the first (STOCK_PEER_ENV; the first wrote what was refused to STOCK_FOUND_ENV's
+    file), starts as the retry did: no refused first attempt."""
+    from livemig.virt.plan import STOCK_FOUND_ENV, STOCK_PEER_ENV
 
     patched = ROOT / "build" / "qemu" / "qemu-system-x86_64"
     stock = ROOT / "build" / "qemu-upstream" / "qemu-system-x86_64"
@@ -926,7 +927,8 @@ def test_patched_source_to_a_host_not_yet_upgraded(daemons: dict[str, str],
         time.sleep(4.0)  # booted
         with _stock_on("dst", patched, stock):
             proc, rep = _migrate(tmp_path, name, "--unsafe", "--profile", "livemig",
-                                 "--bandwidth", "32M", "--max-time", "150")
+                                 "--bandwidth", "32M", "--max-time", "150",
+                                 env={STOCK_FOUND_ENV: str(tmp_path / "found")})
             proc2, rep2 = _migrate(tmp_path / "told", told, "--unsafe", "--profile",
                                    "livemig", "--bandwidth", "32M", "--max-time", "150",
                                    env={STOCK_PEER_ENV: "the test's word"})
@@ -940,6 +942,8 @@ def test_patched_source_to_a_host_not_yet_upgraded(daemons: dict[str, str],
         assert proc.returncode == 0, rep.get("reason")
         again = next(e for e in rep["events"] if e["event"] == "retried for a stock destination")
         assert again["refused"] == "x-multifd-compression-switch", again
+        # what livemig evacuate reads while the run goes on
+        assert (tmp_path / "found").read_text() == again["refused"]
         assert "again with what a stock QEMU has" in proc.stderr
         # nothing of the patched build's stream: no switch, no delta, no in-stream check
         assert "lz4" not in rep["encoding"]["context"]["codecs"], rep["encoding"]

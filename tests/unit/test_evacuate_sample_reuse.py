@@ -123,6 +123,7 @@ def _evac(tmp_path: Path, conn: Any, sample: Path | None = None) -> run.Evacuati
 
 
 ACTIVE = {"type": 2, "memory_iteration": 1, "memory_remaining": 50 * M,
+          "memory_processed": 78 * M,
           "memory_total": 128 * M, "memory_bps": 10 * M}
 
 
@@ -148,6 +149,16 @@ def test_a_stream_is_over_once_its_job_was_seen_and_is_gone(tmp_path: Path) -> N
     v.live = {}
     evac._live(v)
     assert not v.live.get("sent")
+    # a job gone before its first byte (an attempt the destination's QEMU refused at
+    # its start) is no end either: the child's retry streams next
+    v.live, v.first_byte, v.last_byte = {}, None, None
+    dom.answers = [{**ACTIVE, "memory_processed": 0}, {"type": 0}, ACTIVE, {"type": 0}]
+    evac._live(v)
+    evac._live(v)
+    assert v.live["job"] and not v.live.get("sent")
+    evac._live(v)
+    evac._live(v)
+    assert v.live["sent"]
 
 
 def test_the_child_gets_the_sample_and_its_expected_rate(

@@ -22,7 +22,7 @@ from livemig.virt import cli as virt_cli
 from livemig.virt.plan import (
     PEER_CAPS,
     PEER_PARAMS,
-    RETRIED_STOCK,
+    STOCK_FOUND_ENV,
     STOCK_PEER_ENV,
     QemuInfo,
     lacks_peer_mechanisms,
@@ -96,17 +96,22 @@ def test_the_children_after_a_retry_are_told(tmp_path: Path,
     assert STOCK_PEER_ENV not in evac.pool.env
     a, b = evac.vms
     env, unset = _started(evac, a, monkeypatch)
-    assert STOCK_PEER_ENV not in env and {STOCK_PEER_ENV, given.ENV} <= set(unset)
-    # a's child retried toward a stock destination: b is told, with how it is known
-    evac._learn_stock(a, {"events": [{"event": RETRIED_STOCK,
-                                      "refused": "x-multifd-compression-switch"}]})
+    assert STOCK_PEER_ENV not in env
+    assert {STOCK_PEER_ENV, STOCK_FOUND_ENV, given.ENV} <= set(unset)
+    found = Path(env[STOCK_FOUND_ENV])
+    evac._learn_stock(a)  # nothing written: nothing learnt
+    assert evac.stock == {}
+    # a's child found its first attempt refused (it writes that before its retry): the
+    # VMs started from now on are told, with how it is known
+    found.write_text("x-multifd-compression-switch\n")
+    evac._learn_stock(a)
     assert evac.stock[DST] == "a's first attempt: it has no x-multifd-compression-switch"
-    assert [e["event"] for e in evac.events].count("stock destination") == 1
     env, _ = _started(evac, b, monkeypatch)
-    assert env[STOCK_PEER_ENV] == evac.stock[DST]
-    # learnt once; a report without the retry (or none at all) changes nothing
-    evac._learn_stock(b, {"events": [{"event": RETRIED_STOCK, "refused": "other"}]})
-    evac._learn_stock(b, {})
+    assert env[STOCK_PEER_ENV] == evac.stock[DST] and STOCK_FOUND_ENV not in env
+    # learnt once
+    Path(str(found).replace("a.try1", "b.try1")).write_text("other")
+    evac._learn_stock(b)
+    evac._learn_stock(a)
     assert evac.stock[DST].startswith("a's")
     assert [e["event"] for e in evac.events].count("stock destination") == 1
 
@@ -124,8 +129,11 @@ def test_the_child_reads_what_it_was_told(monkeypatch: pytest.MonkeyPatch) -> No
                            "--to", DST])
     defaults = vars(parser.parse_args(["migrate"]))
     monkeypatch.delenv(STOCK_PEER_ENV, raising=False)
+    monkeypatch.delenv(STOCK_FOUND_ENV, raising=False)
     o = virt_cli.options(a, defaults)
-    assert not o.stock_peer and o.stock_told == ""
+    assert not o.stock_peer and o.stock_told == "" and o.stock_found is None
     monkeypatch.setenv(STOCK_PEER_ENV, "livemig doctor: q has no x")
+    monkeypatch.setenv(STOCK_FOUND_ENV, "/run/x.stock")
     o = virt_cli.options(a, defaults)
     assert o.stock_peer and o.stock_told == "livemig doctor: q has no x"
+    assert o.stock_found == "/run/x.stock"

@@ -39,10 +39,10 @@ from livemig.evacuate.pool import Pool
 from livemig.evacuate.schedule import MIGRATING, QUEUED, VmFacts, VmState
 from livemig.sampling import given
 from livemig.virt.conn import libvirt_module
-from livemig.virt.plan import RETRIED_STOCK, STOCK_PEER_ENV
+from livemig.virt.plan import STOCK_FOUND_ENV, STOCK_PEER_ENV
 
 # what a child's environment gets from the evacuation, per VM, never inherited
-CHILD_ENV = (given.ENV, STOCK_PEER_ENV)
+CHILD_ENV = (given.ENV, STOCK_PEER_ENV, STOCK_FOUND_ENV)
 
 POLL_S = 0.5
 EXIT_POLL_S = 0.05  # how soon a child's exit is seen between polls (a waitpid each)
@@ -272,6 +272,8 @@ class Evacuation:
             env[given.ENV] = str(v.sample_file)
         if v.destination in self.stock:
             env[STOCK_PEER_ENV] = self.stock[v.destination]
+        else:  # where its child says, at once, that the destination refused its first try
+            env[STOCK_FOUND_ENV] = str(self._found(v))
         with open(log, "ab") as f:
             f.write(f"$ livemig {' '.join(cmd)}\n".encode())
         cold = self.pool.cold
@@ -296,6 +298,7 @@ class Evacuation:
     def _poll(self, v: Vm) -> None:
         assert v.proc is not None
         rc = v.proc.poll()
+        self._learn_stock(v)  # while the child runs: the VMs started meanwhile are told
         if rc is None:
             self._live(v)
             return
@@ -305,7 +308,6 @@ class Evacuation:
             rep = json.loads(report.read_text())
         v.reports.append(rep)
         v.tries[-1].update(exit=rc, outcome=rep.get("outcome"), end=round(self.t(), 3))
-        self._learn_stock(v, rep)
         v.proc, v.live = None, {}
         first, last = v.first_byte, v.last_byte
         v.first_byte = v.last_byte = None  # a retry streams again
@@ -335,16 +337,20 @@ class Evacuation:
             v.status, v.ended = FAILED, self.t()
             self.event("failed", vm=v.name, reason=v.reason)
 
-    def _learn_stock(self, v: Vm, rep: dict[str, Any]) -> None:
-        """A child whose first attempt the destination's QEMU refused: the VMs started
-        toward that destination from now on start as its retry did."""
+    def _found(self, v: Vm) -> Path:
+        return self.o.out / f"{v.name}.try{v.attempts}.stock"
+
+    def _learn_stock(self, v: Vm) -> None:
+        """A child whose first attempt the destination's QEMU refused (it wrote the
+        refused property to :meth:`_found` before its retry): the VMs started toward
+        that destination from now on start as its retry does."""
         if v.destination in self.stock:
             return
-        retried = next((e for e in rep.get("events") or []
-                        if isinstance(e, dict) and e.get("event") == RETRIED_STOCK), None)
-        if retried is None:
+        try:
+            refused = self._found(v).read_text().strip()
+        except OSError:  # nothing refused (or not yet)
             return
-        how = f"{v.name}'s first attempt: it has no {retried.get('refused')}"
+        how = f"{v.name}'s first attempt: it has no {refused}"
         self.stock[v.destination] = how
         self.event("stock destination", destination=v.destination, how=how)
 
@@ -388,8 +394,11 @@ class Evacuation:
             v.facts = replace(v.facts, dirty_rate=dirty)
 
     def _sent(self, v: Vm) -> None:
-        """libvirt's job, once seen, is gone: the stream has ended."""
-        if v.live.get("job") and not v.live.get("sent"):
+        """libvirt's job, once seen streaming, is gone: the stream has ended. A job
+        gone before its first byte is an attempt that failed at its start (a
+        destination QEMU that refused the patched build's settings): the child's
+        retry streams next, and the child's exit ends the VM if it does not."""
+        if v.live.get("job") and not v.live.get("sent") and v.first_byte is not None:
             v.live["sent"] = True
             if v.last_byte is None:
                 v.last_byte = self.t()

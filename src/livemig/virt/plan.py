@@ -142,6 +142,9 @@ PEER_PARAMS = frozenset({LZ4_MARK, DELTA_KEY})
 # knows lacks them (the doctor's probe of its emulator, or an earlier VM's retry
 # toward it): the value says how it knows, and the child starts as its retry would
 STOCK_PEER_ENV = "LIVEMIG_STOCK_DESTINATION"
+# ... and a file such a child writes the refused property to as soon as its first
+# attempt was refused, so that the evacuation tells the children it starts meanwhile
+STOCK_FOUND_ENV = "LIVEMIG_STOCK_FOUND"
 # the report's event of a run whose first attempt the destination's QEMU refused
 RETRIED_STOCK = "retried for a stock destination"
 

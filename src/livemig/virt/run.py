@@ -110,6 +110,7 @@ class DomainOptions:
     # knew it before (``stock_told``: how, from STOCK_PEER_ENV)
     stock_peer: bool = False
     stock_told: str = ""
+    stock_found: str | None = None  # a file to write the refused property to (STOCK_FOUND_ENV)
 
 
 @dataclass
@@ -790,6 +791,12 @@ def run_domain_migration(opts: DomainOptions, progress: Progress,
     why = (f"the destination's QEMU has no {refused} (not the patched build): "
            "again with what a stock QEMU has")
     progress.step(why)
+    if opts.stock_found:  # the caller's other migrations toward it need not try
+        try:
+            with open(opts.stock_found, "w") as f:
+                f.write(refused)
+        except OSError as e:
+            log.info("%s not written: %s", opts.stock_found, e)
     again = _attempt(dataclasses.replace(opts, stock_peer=True), progress, on_prepared)
     again.events.insert(0, {"t": 0.0, "event": RETRIED_STOCK,
                             "refused": refused, "first_attempt_s": round(
