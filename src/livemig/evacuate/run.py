@@ -170,6 +170,8 @@ class Evacuation:
         self.t0 = time.monotonic()  # --max-time counts the drain, from its first start
         self.started_at = time.time()
         self.o.out.mkdir(parents=True, exist_ok=True)
+        for u, how in self.stock.items():  # the doctor's word; learnt ones come later
+            self.event("stock destination", destination=u, how=how)
         try:
             self._drain()
         finally:

@@ -154,6 +154,8 @@ def lacks_peer_mechanisms(capabilities: frozenset[str], parameters: frozenset[st
     """Which of :data:`PEER_CAPS` and :data:`PEER_PARAMS` a QEMU with these migration
     capabilities and parameters lacks (empty: it can receive all of them)."""
     return sorted((PEER_CAPS - capabilities) | (PEER_PARAMS - parameters))
+
+
 # what a stock destination QEMU refusing one of them at its start says (libvirt's
 # error quotes QEMU's): "can't apply global migration.K=V: Property '...' not found"
 _REFUSED_GLOBAL = re.compile(r"can't apply global migration\.([\w-]+)=")
