@@ -352,6 +352,8 @@ class Evacuation:
             refused = self._found(v).read_text().strip()
         except OSError:  # nothing refused (or not yet)
             return
+        if not refused:  # being written
+            return
         how = f"{v.name}'s first attempt: it has no {refused}"
         self.stock[v.destination] = how
         self.event("stock destination", destination=v.destination, how=how)
