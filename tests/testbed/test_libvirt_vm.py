@@ -911,16 +911,19 @@ def test_patched_source_to_a_host_not_yet_upgraded(daemons: dict[str, str],
     says so. Before, the migration failed there (the source kept running). A second
     domain, told the destination is stock as ``livemig evacuate`` tells the VMs after
     the first (STOCK_PEER_ENV; the first wrote what was refused to STOCK_FOUND_ENV's
-    file), starts as the retry did: no refused first attempt."""
+    file), starts as the retry did: no refused first attempt. A third, with its
+    encoding given (no codec switch: nothing refused at the start), fails on the RAM
+    check's section at the end of the stream and is tried once more too."""
     from livemig.virt.plan import STOCK_FOUND_ENV, STOCK_PEER_ENV
 
     patched = ROOT / "build" / "qemu" / "qemu-system-x86_64"
     stock = ROOT / "build" / "qemu-upstream" / "qemu-system-x86_64"
     if not (patched.exists() and stock.exists()):
         pytest.fail("both builds are needed: make qemu qemu-upstream")
-    name, told = _unique("lmmixed"), _unique("lmtold")
+    name, told, late = _unique("lmmixed"), _unique("lmtold"), _unique("lmlate")
     (tmp_path / "told").mkdir()
-    for n in (name, told):
+    (tmp_path / "late").mkdir()
+    for n in (name, told, late):
         _define(n, "shared", workload="mem:size=64M,rate=8M,hot=80/10,touch=128",
                 emulator=patched)
     try:
@@ -932,6 +935,17 @@ def test_patched_source_to_a_host_not_yet_upgraded(daemons: dict[str, str],
             proc2, rep2 = _migrate(tmp_path / "told", told, "--unsafe", "--profile",
                                    "livemig", "--bandwidth", "32M", "--max-time", "150",
                                    env={STOCK_PEER_ENV: "the test's word"})
+            # an encoding given: no codec switch, so no -global for the destination to
+            # refuse at its start; it fails on the RAM check's section at the end of
+            # the stream instead (the source resumed), and is tried once more too
+            proc3, rep3 = _migrate(tmp_path / "late", late, "--unsafe", "--profile",
+                                   "livemig", "--bandwidth", "32M", "--max-time", "150",
+                                   "--set", "encoding=zstd")
+        assert proc3.returncode == 0, rep3.get("reason")
+        again3 = next(e for e in rep3["events"] if e["event"] == "retried for a stock destination")
+        assert again3["refused"] == "x-ram-digest-check", again3
+        assert "Unknown section or instance 'ram-digest-check'" in again3["first_reason"]
+        assert _where(late) == {"src": None, "dst": "running"}
         assert proc2.returncode == 0, rep2.get("reason")
         kinds = [e["event"] for e in rep2["events"]]
         assert "stock destination" in kinds and "retried for a stock destination" \
@@ -953,3 +967,4 @@ def test_patched_source_to_a_host_not_yet_upgraded(daemons: dict[str, str],
     finally:
         _cleanup(name)
         _cleanup(told)
+        _cleanup(late)

@@ -419,6 +419,15 @@ def test_the_refused_global_of_a_stock_destination_is_recognised() -> None:
     assert P.refused_global(reason) == P.SWITCH_CAP
     assert P.refused_global("Unsafe migration: Migration without shared storage") is None
     assert P.refused_global(None) is None
+    # no -global to refuse (an idle guest's plan has no codec switch): the in-stream
+    # RAM check's section is what it cannot load, at the end of the stream
+    late = ("internal error: qemu unexpectedly closed the monitor: 2026-12-01T00:10:15Z "
+            "qemu-system-x86_64: load of migration failed: Invalid argument: Unknown "
+            "section or instance 'ram-digest-check' 0. Make sure that your current VM "
+            "setup matches your saved VM setup, including any hotplugged devices")
+    assert P.refused_global(late) == P.RAM_CHECK_CAP
+    # a device the destination lacks is not the build: no retry for it
+    assert P.refused_global(late.replace("ram-digest-check", "virtio-net")) is None
 
 
 def test_toward_a_stock_destination_the_plan_keeps_the_sources_own_mechanisms() -> None:

@@ -159,13 +159,23 @@ def lacks_peer_mechanisms(capabilities: frozenset[str], parameters: frozenset[st
 # what a stock destination QEMU refusing one of them at its start says (libvirt's
 # error quotes QEMU's): "can't apply global migration.K=V: Property '...' not found"
 _REFUSED_GLOBAL = re.compile(r"can't apply global migration\.([\w-]+)=")
+# ... and what it says at the end of the stream when the source sent the in-stream RAM
+# check's section (patch 0006) and no -global made it refuse at its start (a plan
+# without the codec switch: an idle guest's): "Unknown section or instance
+# 'ram-digest-check' 0" (the source keeps running: libvirt resumes it)
+_UNKNOWN_SECTIONS = {"ram-digest-check": RAM_CHECK_CAP}
+_UNKNOWN_SECTION = re.compile(r"Unknown section or instance '([\w-]+)'")
 
 
 def refused_global(reason: str | None) -> str | None:
-    """The migration property a destination QEMU refused at its start, if that is
-    why ``reason`` (a failed libvirt migration's) failed: it lacks livemig's build."""
+    """The migration property a destination QEMU refused (at its start, or the
+    section of one at the end of the stream), if that is why ``reason`` (a failed
+    libvirt migration's) failed: it lacks livemig's build."""
     m = _REFUSED_GLOBAL.search(reason or "")
-    return m.group(1) if m else None
+    if m:
+        return m.group(1)
+    m = _UNKNOWN_SECTION.search(reason or "")
+    return _UNKNOWN_SECTIONS.get(m.group(1)) if m else None
 
 
 # livemig settings a libvirt run cannot carry out, and why (said in the report's

@@ -780,9 +780,10 @@ def run_domain_migration(opts: DomainOptions, progress: Progress,
                          on_prepared: Callable[[DomainMigration], None] | None = None
                          ) -> DomainRun:
     """One migration of the domain; once more, with what a stock QEMU has, when the
-    destination's QEMU refused one of the patched build's mechanisms at its start (a
-    host not yet upgraded, or rolled back): that failure comes before any guest
-    state is sent, and the source kept running."""
+    destination's QEMU refused one of the patched build's mechanisms (a host not yet
+    upgraded, or rolled back): at its start, before any guest state is sent, or, when
+    the plan gave it nothing to refuse there, the in-stream RAM check's section at
+    the end of the stream. Either way the source kept running."""
     run = _attempt(opts, progress, on_prepared)
     refused = None if opts.stock_peer else refused_global(
         run.result.reason if run.result.outcome == "failed" else None)
