@@ -145,8 +145,6 @@ STOCK_PEER_ENV = "LIVEMIG_STOCK_DESTINATION"
 # ... and a file such a child writes the refused property to as soon as its first
 # attempt was refused, so that the evacuation tells the children it starts meanwhile
 STOCK_FOUND_ENV = "LIVEMIG_STOCK_FOUND"
-# the report's event of a run whose first attempt the destination's QEMU refused
-RETRIED_STOCK = "retried for a stock destination"
 
 
 def lacks_peer_mechanisms(capabilities: frozenset[str], parameters: frozenset[str]

@@ -70,7 +70,6 @@ from livemig.virt.plan import (
     PAUSED,
     POSTCOPY,
     RAM_CHECK_CAP,
-    RETRIED_STOCK,
     STREAM_PARAMS,
     Plan,
     QemuInfo,
@@ -799,7 +798,7 @@ def run_domain_migration(opts: DomainOptions, progress: Progress,
         except OSError as e:
             log.info("%s not written: %s", opts.stock_found, e)
     again = _attempt(dataclasses.replace(opts, stock_peer=True), progress, on_prepared)
-    again.events.insert(0, {"t": 0.0, "event": RETRIED_STOCK,
+    again.events.insert(0, {"t": 0.0, "event": "retried for a stock destination",
                             "refused": refused, "first_attempt_s": round(
                                 (run.t_end or time.time()) - run.t0, 3),
                             "first_reason": run.result.reason})
