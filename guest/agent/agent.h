@@ -71,6 +71,7 @@ struct mem_spec {
     double zipf;      /* 0 = off */
     enum fill_kind fill;
     unsigned touch, threads;
+    unsigned after; /* seconds idle before the first write (a guest that turns busy) */
 };
 
 struct disk_spec {

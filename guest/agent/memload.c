@@ -136,6 +136,10 @@ void *memload_thread(void *arg)
     }
     quantum = pacer_quantum(rate, PAGE_SIZE_4K, 64);
     rng_seed(&r, now_ns() ^ ((uint64_t)t->index << 32) ^ (uint64_t)(uintptr_t)t);
+    for (uint64_t idle = 0; idle < j->spec.after * 10ull &&
+         !atomic_load_explicit(&g_stop, memory_order_relaxed); idle++) {
+        sleep_ns(100000000ull);
+    }
     pacer_init(&pacer, rate);
     while (!atomic_load_explicit(&g_stop, memory_order_relaxed)) {
         for (uint64_t k = 0; k < quantum; k++) {

@@ -103,6 +103,11 @@ static int mem_kv(struct mem_spec *m, const char *k, const char *v, char *err, s
             FAIL("mem: bad threads '%s'", v);
         }
         m->threads = (unsigned)n;
+    } else if (!strcmp(k, "after")) {
+        if (parse_int(v, 0, 3600, &n)) {
+            FAIL("mem: bad after '%s'", v);
+        }
+        m->after = (unsigned)n;
     } else {
         FAIL("mem: unknown key '%s'", k);
     }

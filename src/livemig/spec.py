@@ -25,6 +25,7 @@ class MemLoad:
     fill: str = "mixed"
     touch: int = 64
     threads: int = 1
+    after: int = 0  # seconds idle before the first write (a guest that turns busy)
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,8 @@ def _parse_mem(item: str, kv: dict[str, str]) -> MemLoad:
             args["touch"] = _int(item, "touch", str(parse_size(value)), 1, 4096)
         elif key == "threads":
             args["threads"] = _int(item, "threads", value, 1, 64)
+        elif key == "after":
+            args["after"] = _int(item, "after", value, 0, 3600)
         else:
             raise UsageError(f"bad workload item {item!r}: unknown key {key!r} for mem")
     if "hot_percent" in args and "zipf" in args:

@@ -10,7 +10,8 @@ def test_full_mem_spec():
     assert m.size == 512 << 20
     assert m.rate == 200 << 20
     assert (m.hot_percent, m.hot_fraction) == (80, 10)
-    assert m.fill == "text" and m.touch == 128 and m.threads == 2
+    assert m.fill == "text" and m.touch == 128 and m.threads == 2 and m.after == 0
+    assert parse_workload("mem:touch=128,after=12").mem[0].after == 12
     assert w.mem_bytes == 512 << 20
 
 
@@ -32,7 +33,7 @@ def test_idle():
     "", "mem:size", "mem:size=12Q", "mem:hot=80", "mem:hot=0/10", "mem:hot=80/10,zipf=1",
     "mem:fill=sparse", "mem:colour=red", "disk:bs=1000", "disk:dev=vda", "cpu:x=1",
     "idle:x=1", "verify:", "verify:mem=1M+verify:mem=1M", "mem:size=1M,size=2M",
-    "mem:size=1 M", "mem:touch=5000",
+    "mem:size=1 M", "mem:touch=5000", "mem:after=-1", "mem:after=3601",
 ])
 def test_bad_specs_are_one_line_errors(bad):
     with pytest.raises(UsageError) as e:

@@ -31,6 +31,9 @@ static void test_spec_good(void)
     CHECK(parse_workload("idle", &w, err, sizeof(err)) == 0 && !w.n_mem && !w.n_disk);
     CHECK(parse_workload("mem:zipf=1.1", &w, err, sizeof(err)) == 0 && w.mem[0].zipf == 1.1);
     CHECK(w.mem[0].size == 256ull << 20 && w.mem[0].touch == 64 && w.mem[0].fill == FILL_MIXED);
+    CHECK(w.mem[0].after == 0);
+    CHECK(parse_workload("mem:touch=128,after=12", &w, err, sizeof(err)) == 0 &&
+          w.mem[0].after == 12);
 }
 
 static void test_spec_bad(void)
@@ -40,7 +43,7 @@ static void test_spec_bad(void)
         "mem:hot=80/10,zipf=1", "mem:fill=sparse", "mem:colour=red", "disk:bs=1000",
         "disk:dev=vda", "cpu:x=1", "idle:x=1", "verify:", "mem:touch=5000",
         "mem:size=1M,size=2M", "mem:size=1M++idle", "mem:size=1M,", "mem:size=1M,,rate=1M",
-        "mem: size=1M", "+mem:size=1M", "mem:threads=0", "mem:zipf=0", "verify:mem=1M+verify:disk=1M",
+        "mem: size=1M", "+mem:size=1M", "mem:threads=0", "mem:zipf=0", "mem:after=-1", "mem:after=3601", "verify:mem=1M+verify:disk=1M",
     };
     struct workload w;
     char err[256];
