@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from livemig.policy.base import SetThrottle, Snapshot, StrategyExhausted
+from livemig.policy.base import SetCompression, SetThrottle, Snapshot, StrategyExhausted
 from livemig.policy.converge import (
     DEEP,
     MAX_PCT,
@@ -426,3 +426,42 @@ def test_a_long_deep_round_on_a_busy_host_is_capped_by_the_vcpus_share():
         in a.reason, a.reason
     assert _capped_round(0.9).percent == 80
     assert "not read" in _capped_round(0.0).reason
+
+
+def test_an_armed_delta_fallback_switches_the_codec_instead_of_the_first_throttle():
+    """A guest sampled quiet (zstd chosen, the delta cache kept) starts rewriting 128 B
+    records in the rounds: the round that would set the first throttle switches to lz4
+    deltas instead, the next round is measured in them, and only a guest the deltas do
+    not drain fast enough is throttled after that."""
+    def rounds(p: ConvergeThrottle) -> list[list[object]]:
+        p.decide(Snapshot(t=0, rounds=1, remaining=1000 * MB, dirty_rate=0, bandwidth=50 * MB))
+        return [p.decide(Snapshot(t=2.0, rounds=2, remaining=200 * MB, dirty_rate=100 * MB,
+                                  bandwidth=50 * MB))]
+
+    plain = rounds(ConvergeThrottle(300))
+    assert isinstance(plain[0][0], SetThrottle)  # what the fallback replaces
+
+    p = ConvergeThrottle(300)
+    p.arm_delta_fallback("lz4", "the sample saw 12 rewritten pages")
+    (acts,) = rounds(p)
+    assert len(acts) == 1 and isinstance(acts[0], SetCompression), acts
+    assert acts[0].method == "lz4" and "12 rewritten" in acts[0].reason
+    assert "round 2" in acts[0].reason and p.percent == 0
+    p.codec_switched()
+    # round 3 ran in deltas: measured, not judged on the whole pages' drain
+    assert p.decide(Snapshot(t=2.3, rounds=3, remaining=150 * MB, dirty_rate=100 * MB,
+                             bandwidth=50 * MB, page_rate=600 * MB)) == []
+    # the deltas drain 600 MiB/s of pages; a guest that still outruns them is throttled,
+    # and the fallback is not tried twice
+    acts = p.decide(Snapshot(t=2.6, rounds=4, remaining=400 * MB, dirty_rate=900 * MB,
+                             bandwidth=50 * MB, page_rate=600 * MB))
+    assert len(acts) == 1 and isinstance(acts[0], SetThrottle) and acts[0].percent > 0
+
+
+def test_an_armed_fallback_leaves_rounds_that_need_no_throttle_alone():
+    p = ConvergeThrottle(300)
+    p.arm_delta_fallback("lz4", "few rewrites")
+    p.decide(Snapshot(t=0, rounds=1, remaining=1000 * MB, dirty_rate=1 * MB, bandwidth=50 * MB))
+    for k, r in enumerate((20, 2)):
+        assert p.decide(Snapshot(t=20.0 + k, rounds=2 + k, remaining=r * MB,
+                                 dirty_rate=1 * MB, bandwidth=50 * MB)) == []

@@ -464,6 +464,48 @@ def test_ends_that_switch_codecs_start_at_once_and_choose_beside_the_first_pass(
             "encoding switched" if sets else "encoding kept"]
 
 
+def test_a_quiet_sample_keeps_the_delta_cache_for_the_converge_throttles_fallback():
+    """A sample that saw too few rewrites to tell whether the guest's later ones will be
+    small (none here) chooses zstd but keeps the cache the stream started with, and
+    arms the converge throttle's fallback to lz4 deltas; a sample of whole-page
+    rewrites drops the cache as before, and so does a run without the converge
+    throttle (nothing would use it)."""
+    def run(sample: dict[str, Any], cfg: PolicyConfig) -> tuple[Script, dict[str, Any],
+                                                              PolicyExecutor, EventStream]:
+        q = _switching_qemu(sample)
+        events = EventStream()
+        plan = dataclasses.replace(_plan(), bandwidth=50 << 20)
+        a = asyncio.run(adapt(q, plan, Hints(host_available=8 << 30, dst_switch=True,
+                                             cpus=2.0), events))
+        assert a.deferred is not None and a.encoding is not None
+        told = PolicyExecutor(cfg, QmpActuator(q.cmd), lambda w, d: None)
+        rec = asyncio.run(switch(q, a.deferred, a.encoding, _SWITCH_PARAMS, events, told))
+        return q, rec, told, events
+
+    def sets(q: Script) -> list[Any]:
+        return [args for c, args in q.log if c == "migrate-set-parameters"]
+
+    converge = PolicyConfig(throttle="converge")
+    q, rec, told, events = run(_reply(0), converge)
+    assert rec["encoding"] == "zstd" and encoding.DELTA_KEY not in str(sets(q))
+    assert "0 rewritten pages" in rec["delta_cache_kept"]
+    assert told.converge is not None and told.converge._fallback is not None
+    assert told.converge._fallback[0] == "lz4"
+    assert "delta cache kept" in [e["event"] for e in events.log]
+
+    whole = _reply(rewritten=40)
+    whole["changed-share"] = 0.9
+    whole["delta"]["codecs"][0]["bytes-out"] = 40 * PAGE  # whole pages: the delta does not pay
+    q, rec, told, _ = run(whole, converge)
+    assert rec["encoding"].startswith("zstd") and "delta_cache_kept" not in rec
+    assert {encoding.DELTA_KEY: 0} in [{k: v for k, v in a.items() if k == encoding.DELTA_KEY}
+                                       for a in sets(q)]
+    assert told.converge is not None and told.converge._fallback is None
+
+    q, rec, told, _ = run(_reply(0), PolicyConfig())
+    assert "delta_cache_kept" not in rec and sets(q) == [{encoding.DELTA_KEY: 0}]
+
+
 def test_a_destination_that_cannot_switch_gets_the_choice_before_the_migration():
     q = _switching_qemu()
     for dst_switch in (False, None):

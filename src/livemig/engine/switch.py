@@ -7,9 +7,12 @@ first pass (:attr:`~livemig.engine.adapt.Adapted.deferred`); :func:`switch` then
 the chosen codec on the source, whose channels take it at their next packet: lz4-delta
 finds every page sent so far in the cache, zstd+delta keeps zstd and the cache until
 the first pass is over (the executor's ``AfterFirstPass`` then sets lz4), any other
-choice drops it. QEMU refuses what would break the delta cache (resizing it, making it
-again after it was dropped), which this never asks: the choice's cache is the start's
-size, and the stream switches once here (and once more, to lz4, for zstd+delta).
+choice drops it, unless the sample could not rule out small rewrites: then a
+whole-page choice keeps it, and the converge throttle switches to lz4 (deltas) once,
+instead of its first throttle (:func:`~livemig.policy.encoding.keeps_delta_cache`).
+QEMU refuses what would break the delta cache (resizing it, making it again after it
+was dropped), which this never asks: the choice's cache is the start's size, and the
+stream switches once here (and once more, to lz4, for zstd+delta or the fallback).
 
 Only the multifd codec settings change mid-stream (:data:`SWITCHED`); a choice that
 needs anything else (xbzrle, another channel count) is not applied and the report says
@@ -28,9 +31,13 @@ from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
 from livemig.engine.executor import PolicyExecutor
 from livemig.errors import LivemigError
+from livemig.policy import encoding
 from livemig.settings import resolve
 
 # the codec and what the start sets beside it (adapt.START_EXTRA): all parameters
+# the codec the converge throttle's fallback switches to: lz4, deltas with the cache
+DELTA_METHOD = "lz4"
+
 SWITCHED = frozenset({"multifd-compression", *START_EXTRA})
 
 
@@ -59,6 +66,9 @@ async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
     start: Mapping[str, str] = first.get("applied", {})
     rec = {**rec, "started_with": started}
     change, fixed = changes(start, {**START_EXTRA, **chosen})
+    kept = _kept_cache(start, change, rec, executor)
+    if kept is not None:
+        del change[encoding.DELTA_KEY]
     why = None
     if fixed:
         why = f"{', '.join(fixed)} cannot change while the migration runs"
@@ -77,11 +87,34 @@ async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
     rec["switched"] = bool(change)
     if executor is not None:
         executor.after_first_pass(rec)
+        if kept is not None and executor.arm_delta_fallback(DELTA_METHOD, kept):
+            rec["delta_cache_kept"] = (f"{kept}: the re-sent pages go as lz4 deltas "
+                                       "if the rounds would need a throttle")
+            events.event("delta cache kept", encoding=rec["encoding"], reason=kept)
     events.event("encoding switched" if change else "encoding kept",
                  encoding=rec["encoding"], settings=change, after_s=rec["after_s"])
     events.say(f"stream encoding {rec['encoding']} from here on"
                if change else f"stream encoding stays {started}")
     return rec
+
+
+def _kept_cache(start: Mapping[str, str], change: Mapping[str, str],
+                rec: Mapping[str, Any], executor: PolicyExecutor | None) -> str | None:
+    """Why the switch keeps the start's delta cache that the choice would drop
+    (:func:`livemig.policy.encoding.keeps_delta_cache`), or None: it drops it."""
+    if executor is None or executor.converge is None:
+        return None
+    if start.get(encoding.DELTA_KEY, "0") == "0" or change.get(encoding.DELTA_KEY) != "0":
+        return None
+    samples = int(rec.get("samples") or 0)
+    share = rec.get("changed_share")
+    if not encoding.keeps_delta_cache(str(rec.get("encoding")), samples,
+                                      None if share is None else float(share)):
+        return None
+    seen = f"the sample saw {samples} rewritten page{'s' if samples != 1 else ''}"
+    if samples < encoding.MIN_SAMPLES or share is None:
+        return f"{seen}: too few to rule out small rewrites later"
+    return f"{seen}, a median {float(share):.0%} of each changed"
 
 
 async def switch_outcome(task: asyncio.Task[dict[str, Any]], encoding: dict[str, Any] | None,

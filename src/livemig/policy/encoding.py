@@ -281,7 +281,8 @@ def start_choice(ctx: Context) -> Choice:
     starts without that cost something (1 GiB guests, 50 MiB/s): lz4 with the cache
     sent ~4 % more of a whole-page writer than zstd (lz4's ratio until the sample was
     in); zstd without the cache sent each page of the records guest's first 0.7 s whole
-    twice (6.27 s against 5.61 s sampled first). A choice of zstd drops the cache.
+    twice (6.27 s against 5.61 s sampled first). A choice of zstd drops the cache,
+    unless the sample could not rule out small rewrites (:func:`keeps_delta_cache`).
     A QEMU built without zstd starts with lz4-delta instead. Without the delta cache
     (``ctx.delta`` off: post-copy may follow, and QEMU refuses the cache with
     postcopy-ram) the start is zstd alone, else lz4, else plain."""
@@ -564,6 +565,25 @@ def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
     looked = round(len(pages) / nonzero_share) if nonzero_share > 0 else len(pages)
     return choose_sample(sample_from_pages(pairs, pages, looked, interval,
                                            frozenset(codecs)), ctx)
+
+
+def keeps_delta_cache(choice: str, samples: int, changed_share: float | None) -> bool:
+    """Whether a stream that started with lz4's delta cache (:func:`start_choice`) keeps
+    it under a whole-page choice (``zstd``, ``lz4``, ``plain``) instead of dropping it at
+    the switch: when the sample cannot tell that the guest's rewrites are whole pages,
+    i.e. it saw fewer than ``MIN_SAMPLES`` of them or their median changed at most half
+    of its page (patch 0005 sends a page of which more than half changed whole anyway,
+    so the cache cannot help those).
+
+    A guest sampled quiet may start writing later (a batch job, a cache filling): its
+    re-sent pages then go as deltas against the cache (the converge throttle's
+    fallback, :meth:`~livemig.policy.converge.ConvergeThrottle.arm_delta_fallback`)
+    instead of whole pages that only a deep throttle lets converge. The cache costs
+    source memory as pages are sent (at most the non-zero RAM, within
+    :func:`delta_cache`'s share of the host's) until the migration ends."""
+    if choice not in ("zstd", "lz4", "plain"):
+        return False
+    return samples < MIN_SAMPLES or changed_share is None or changed_share <= 0.5
 
 
 def rewrites_negligible(sample: Sample, ctx: Context) -> bool:
