@@ -435,6 +435,55 @@ def test_attach_numa_guest_second_ram_block_verified(pair, tmp_path: Path) -> No
     assert guest_progress(tmp_path / "dst.agent") > 0
 
 
+def _agent_ready(path: Path, timeout: float = 90.0) -> None:
+    """Until the guest agent says ``ready`` (its memory filled, its workload's threads
+    started); connected before the guest boots, as the port drops what nobody reads."""
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(path))
+        s.settimeout(0.5)
+        buf = b""
+        while b'"ev":"ready"' not in buf:
+            assert time.monotonic() < deadline, "the guest agent never said ready"
+            with contextlib.suppress(TimeoutError):
+                buf = buf[-4096:] + s.recv(65536)
+
+
+def test_attach_guest_that_turns_busy_gets_deltas_before_a_throttle(pair, tmp_path: Path
+                                                                    ) -> None:
+    """A guest that is quiet while the page sample looks and writes 128 B records flat
+    out from a few seconds into the migration: the sample chooses zstd and keeps the
+    delta cache (it saw too few rewrites to tell what later ones change), and the
+    converge throttle's first decision switches the stream to lz4 deltas instead of
+    throttling. Before that, the cache was dropped at the sample's choice and the
+    guest was held at 92-97 % to converge on whole zstd pages."""
+    if not has_command_at_start(tmp_path):
+        pytest.skip("stock QEMU: no codec switch (patches 0012, 0013)")
+    # the writer starts 4 s after the agent's threads, the migration as they start:
+    # the sample (its first 0.6 s) sees a quiet guest, and the first pass of ~300 MiB
+    # at 20 MiB/s (6 s or more) is not over when the writes begin
+    pair(workload="mem:size=256M,rate=0,hot=80/10,touch=128,after=4", memory="1G",
+         settle=0)
+    _agent_ready(tmp_path / "src.agent")
+    report = tmp_path / "r.json"
+    proc = subprocess.run(attach(tmp_path / "src.qmp", tmp_path / "dst.qmp", report,
+                                 "--profile", "livemig", "--bandwidth", "20M",
+                                 "--max-time", "120", "-q"),
+                          capture_output=True, text=True, timeout=300)
+    sys.stdout.write(proc.stdout + proc.stderr[-3000:])
+    rep: dict[str, Any] = json.loads(report.read_text())
+    assert proc.returncode == 0 and rep["outcome"] == "completed", rep.get("reason")
+    assert rep["consistency"]["ram"] == "ok", rep["consistency"]["ram_detail"]
+    assert rep["encoding"]["encoding"] in ("zstd", "zstd-3"), rep["encoding"]
+    assert "delta_cache_kept" in rep["encoding"], rep["encoding"]
+    events = rep["events"]
+    switched = [e for e in events if e["event"] == "action SetCompression"]
+    assert switched and switched[0]["method"] == "lz4", events
+    throttled = [e for e in events if e["event"] == "action SetThrottle"]
+    assert not throttled or throttled[0]["t"] > switched[0]["t"], events
+    assert guest_progress(tmp_path / "dst.agent") > 0
+
+
 def _rss_shmem_mib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("RssShmem:"):
