@@ -444,15 +444,16 @@ def test_codecs_are_timed_on_codec_pages_of_the_sample():
 
 
 @pytest.mark.parametrize(("choice", "samples", "share", "keeps"), [
-    ("zstd", 0, None, True),  # sampled quiet: nothing says what later rewrites change
-    ("zstd", 12, 0.93, True),  # too few rewrites to tell
-    ("zstd", 40, 0.93, False),  # whole-page rewrites: patch 0005 sends those whole
-    ("zstd", 40, 0.1, True),  # small rewrites, too few of them to choose deltas now
-    ("plain", 0, None, True),
-    ("lz4-delta", 0, None, False),  # keeps the cache anyway
-    ("zstd+delta", 0, None, False),
-    ("xbzrle", 0, None, False),
+    ("zstd", 0, None, False),  # no rewrite seen: no sign of a small writer, no cost
+    ("zstd", 7, 0.93, False),  # whole-page rewrites: patch 0005 sends those whole
+    ("zstd", 40, 0.93, False),
+    ("zstd", 3, 0.012, True),  # a few small rewrites: a small writer at a low rate
+    ("zstd", 40, 0.1, True),
+    ("plain", 2, 0.05, True),
+    ("lz4-delta", 3, 0.012, False),  # keeps the cache anyway
+    ("zstd+delta", 3, 0.012, False),
+    ("xbzrle", 3, 0.012, False),
 ])
-def test_a_whole_page_choice_keeps_the_delta_cache_unless_rewrites_are_whole_pages(
+def test_a_whole_page_choice_keeps_the_delta_cache_only_for_small_rewrites(
         choice: str, samples: int, share: float | None, keeps: bool) -> None:
     assert encoding.keeps_delta_cache(choice, samples, share) is keeps

@@ -464,12 +464,12 @@ def test_ends_that_switch_codecs_start_at_once_and_choose_beside_the_first_pass(
             "encoding switched" if sets else "encoding kept"]
 
 
-def test_a_quiet_sample_keeps_the_delta_cache_for_the_converge_throttles_fallback():
-    """A sample that saw too few rewrites to tell whether the guest's later ones will be
-    small (none here) chooses zstd but keeps the cache the stream started with, and
-    arms the converge throttle's fallback to lz4 deltas; a sample of whole-page
-    rewrites drops the cache as before, and so does a run without the converge
-    throttle (nothing would use it)."""
+def test_a_small_writers_sample_keeps_the_delta_cache_for_the_converge_throttles_fallback():
+    """A sample that saw a few small rewrites (3 pages, 2 % of each changed), too few
+    for deltas to pay now, chooses zstd but keeps the cache the stream started with,
+    and arms the converge throttle's fallback to lz4 deltas; a sample without
+    rewrites or of whole-page rewrites drops the cache as before, and so does a run
+    without the converge throttle (nothing would use it)."""
     def run(sample: dict[str, Any], cfg: PolicyConfig) -> tuple[Script, dict[str, Any],
                                                               PolicyExecutor, EventStream]:
         q = _switching_qemu(sample)
@@ -486,9 +486,9 @@ def test_a_quiet_sample_keeps_the_delta_cache_for_the_converge_throttles_fallbac
         return [args for c, args in q.log if c == "migrate-set-parameters"]
 
     converge = PolicyConfig(throttle="converge")
-    q, rec, told, events = run(_reply(0), converge)
+    q, rec, told, events = run(_reply(3), converge)
     assert rec["encoding"] == "zstd" and encoding.DELTA_KEY not in str(sets(q))
-    assert "0 rewritten pages" in rec["delta_cache_kept"]
+    assert "3 rewritten pages, a median 2% of each" in rec["delta_cache_kept"]
     assert told.converge is not None and told.converge._fallback is not None
     assert told.converge._fallback[0] == "lz4"
     assert "delta cache kept" in [e["event"] for e in events.log]
@@ -502,8 +502,10 @@ def test_a_quiet_sample_keeps_the_delta_cache_for_the_converge_throttles_fallbac
                                        for a in sets(q)]
     assert told.converge is not None and told.converge._fallback is None
 
-    q, rec, told, _ = run(_reply(0), PolicyConfig())
-    assert "delta_cache_kept" not in rec and sets(q) == [{encoding.DELTA_KEY: 0}]
+    for sample, cfg in ((_reply(0), converge), (_reply(3), PolicyConfig())):
+        q, rec, told, _ = run(sample, cfg)
+        assert rec["encoding"] == "zstd" and "delta_cache_kept" not in rec
+        assert sets(q) == [{encoding.DELTA_KEY: 0}]
 
 
 def test_a_destination_that_cannot_switch_gets_the_choice_before_the_migration():

@@ -451,19 +451,20 @@ def _agent_ready(path: Path, timeout: float = 90.0) -> None:
 
 def test_attach_guest_that_turns_busy_gets_deltas_before_a_throttle(pair, tmp_path: Path
                                                                     ) -> None:
-    """A guest that is quiet while the page sample looks and writes 128 B records flat
-    out from a few seconds into the migration: the sample chooses zstd and keeps the
-    delta cache (it saw too few rewrites to tell what later ones change), and the
-    converge throttle's first decision switches the stream to lz4 deltas instead of
-    throttling. Before that, the cache was dropped at the sample's choice and the
-    guest was held at 92-97 % to converge on whole zstd pages."""
+    """A guest that updates a few records while the page sample looks (2 MiB/s of
+    128 B writes) and writes them flat out from a few seconds into the migration: the
+    sample chooses zstd and keeps the delta cache (it saw small rewrites, too few for
+    deltas to pay yet), and the converge throttle's first decision switches the
+    stream to lz4 deltas instead of throttling. Before that, the cache was dropped at
+    the sample's choice and the guest was held at 92-99 % to converge on whole zstd
+    pages."""
     if not has_command_at_start(tmp_path):
         pytest.skip("stock QEMU: no codec switch (patches 0012, 0013)")
     # the writer starts 4 s after the agent's threads, the migration as they start:
     # the sample (its first 0.6 s) sees a quiet guest, and the first pass of ~300 MiB
     # at 20 MiB/s (6 s or more) is not over when the writes begin
-    pair(workload="mem:size=256M,rate=0,hot=80/10,touch=128,after=4", memory="1G",
-         settle=0)
+    pair(workload="mem:size=32M,rate=2M,touch=128+mem:size=256M,rate=0,hot=80/10,"
+         "touch=128,after=4", memory="1G", settle=0)
     _agent_ready(tmp_path / "src.agent")
     report = tmp_path / "r.json"
     proc = subprocess.run(attach(tmp_path / "src.qmp", tmp_path / "dst.qmp", report,

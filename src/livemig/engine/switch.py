@@ -7,9 +7,9 @@ first pass (:attr:`~livemig.engine.adapt.Adapted.deferred`); :func:`switch` then
 the chosen codec on the source, whose channels take it at their next packet: lz4-delta
 finds every page sent so far in the cache, zstd+delta keeps zstd and the cache until
 the first pass is over (the executor's ``AfterFirstPass`` then sets lz4), any other
-choice drops it, unless the sample could not rule out small rewrites: then a
-whole-page choice keeps it, and the converge throttle switches to lz4 (deltas) once,
-instead of its first throttle (:func:`~livemig.policy.encoding.keeps_delta_cache`).
+choice drops it, unless the sample saw small rewrites, too few for deltas to pay
+yet: then a whole-page choice keeps it, and the converge throttle switches to lz4
+(deltas) once, instead of its first throttle (:func:`~livemig.policy.encoding.keeps_delta_cache`).
 QEMU refuses what would break the delta cache (resizing it, making it again after it
 was dropped), which this never asks: the choice's cache is the start's size, and the
 stream switches once here (and once more, to lz4, for zstd+delta or the fallback).
@@ -111,10 +111,9 @@ def _kept_cache(start: Mapping[str, str], change: Mapping[str, str],
     if not encoding.keeps_delta_cache(str(rec.get("encoding")), samples,
                                       None if share is None else float(share)):
         return None
-    seen = f"the sample saw {samples} rewritten page{'s' if samples != 1 else ''}"
-    if samples < encoding.MIN_SAMPLES or share is None:
-        return f"{seen}: too few to rule out small rewrites later"
-    return f"{seen}, a median {float(share):.0%} of each changed"
+    return (f"the sample saw {samples} rewritten page{'s' if samples != 1 else ''}, a "
+            f"median {float(share or 0):.0%} of each changed: a small writer that may "
+            "write more")
 
 
 async def switch_outcome(task: asyncio.Task[dict[str, Any]], encoding: dict[str, Any] | None,
