@@ -9,7 +9,8 @@ finds every page sent so far in the cache, zstd+delta keeps zstd and the cache u
 the first pass is over (the executor's ``AfterFirstPass`` then sets lz4), any other
 choice drops it, unless the sample saw small rewrites, too few for deltas to pay
 yet: then a whole-page choice keeps it, and the converge throttle switches to lz4
-(deltas) once, instead of its first throttle (:func:`~livemig.policy.encoding.keeps_delta_cache`).
+(deltas) once, instead of its first throttle
+(:func:`~livemig.policy.encoding.keeps_delta_cache`).
 QEMU refuses what would break the delta cache (resizing it, making it again after it
 was dropped), which this never asks: the choice's cache is the start's size, and the
 stream switches once here (and once more, to lz4, for zstd+delta or the fallback).
@@ -35,10 +36,9 @@ from livemig.policy import encoding
 from livemig.settings import resolve
 
 # the codec and what the start sets beside it (adapt.START_EXTRA): all parameters
+SWITCHED = frozenset({"multifd-compression", *START_EXTRA})
 # the codec the converge throttle's fallback switches to: lz4, deltas with the cache
 DELTA_METHOD = "lz4"
-
-SWITCHED = frozenset({"multifd-compression", *START_EXTRA})
 
 
 def changes(start: Mapping[str, str], chosen: Mapping[str, str]

@@ -168,16 +168,17 @@ class ConvergeThrottle:
 
     def arm_delta_fallback(self, method: str, why: str) -> None:
         """The stream kept lz4's delta cache under a whole-page codec because its
-        sample saw small rewrites, too few for deltas yet (:func:`livemig.policy.
-        encoding.keeps_delta_cache`): the first time this policy would throttle, it switches
-        the codec to ``method`` (lz4: re-sent pages as deltas against the cache)
-        instead and measures a round of it before any throttle. A guest that started
-        rewriting small parts of its pages after the sample (1 GiB, a table of 128 B
-        records written flat out from a few seconds into the migration, 20 MiB/s) was
-        held at 92-99 % for 5-7 s with zstd's whole pages; a round of deltas drained
-        ~3× the guest bytes per second. A guest that rewrites whole pages loses one round before
-        its throttle, and its re-sent pages go in lz4 (zstd-1's ratio is ~1.2× lz4's
-        on mixed data)."""
+        sample saw small rewrites, too few for deltas yet
+        (:func:`livemig.policy.encoding.keeps_delta_cache`): the first time this
+        policy would throttle, it switches the codec to ``method`` (lz4: re-sent pages
+        as deltas against the cache) instead and measures a round of it before any
+        throttle. A guest that started writing 128 B records flat out a few seconds
+        into its migration (1 GiB, 20 MiB/s) was held at 97-99 % for 5-7 s with zstd's
+        whole pages; a round of deltas drained ~3× the guest bytes per second, and one
+        throttle of 72-75 % ended it (docs/results/late-busy-2026-12-01). A guest that
+        turned to whole-page rewrites instead loses one round before its throttle,
+        and its re-sent pages go in lz4 (zstd-1's ratio is ~1.2× lz4's on mixed
+        data)."""
         self._fallback = (method, why)
 
     def expect_codec_switch(self) -> None:

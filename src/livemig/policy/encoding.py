@@ -585,9 +585,9 @@ def keeps_delta_cache(choice: str, samples: int, changed_share: float | None) ->
     Keeping it is not free, so a guest that showed no small rewrites does not: every
     page sent enters the cache (a copy, and the cache's memory faulted in and freed at
     the end). A quiet hand-started 1 GiB guest with 512 MiB written took 4.78 s
-    against 4.43 s with the cache kept at 50 MiB/s on this 2-core host (the source's
-    CPU 5.8 s against 4.7 s) and its hold 30-70 ms longer; at 20 MiB/s, where the link
-    is the bound, 9.66 s against 9.54 s (one run each;
+    against 4.43 s with the cache kept at 50 MiB/s on this 2-core host (medians of 3;
+    the source's CPU 5.8 s against 4.7 s, the hold 144 ms against 72); at 20 MiB/s,
+    where the link is the bound, 9.66 s against 9.54 s (one run each;
     docs/results/late-busy-2026-12-01). A QEMU that could make a new, empty cache
     after dropping one would need none of this insurance (patch 0012 refuses it)."""
     if choice not in ("zstd", "lz4", "plain"):
