@@ -19,9 +19,11 @@ from livemig.evacuate import run
 from livemig.evacuate.schedule import SHARED_LINK, VmFacts
 from livemig.sampling import given
 from livemig.virt import cli as virt_cli
+from livemig.virt import sampling as virt_sampling
 from livemig.virt.plan import (
     PEER_CAPS,
     PEER_PARAMS,
+    MIGRATIONS_AT_ONCE_ENV,
     STOCK_FOUND_ENV,
     STOCK_PEER_ENV,
     QemuInfo,
@@ -137,3 +139,39 @@ def test_the_child_reads_what_it_was_told(monkeypatch: pytest.MonkeyPatch) -> No
     o = virt_cli.options(a, defaults)
     assert o.stock_peer and o.stock_told == "livemig doctor: q has no x"
     assert o.stock_found == "/run/x.stock"
+
+
+class _Conn:
+    def getInfo(self) -> list[Any]:  # noqa: N802 (libvirt's name)
+        return ["x86_64", 16384, 8]
+
+    def getFreeMemory(self) -> int:  # noqa: N802
+        return 16 << 30
+
+
+class _Dom:
+    def info(self) -> list[Any]:
+        return [1, 1 << 20, 1 << 20, 2, 0]
+
+
+def test_the_migrations_an_evacuation_runs_at_once_share_the_sources_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each child's delta cache is sized from its share of the source's free memory
+    (encoding.delta_cache takes at most a quarter of what it is told), so the caches
+    of the migrations that run at once stay within what one alone may take."""
+    monkeypatch.setenv(MIGRATIONS_AT_ONCE_ENV, "9")  # the user's: never passed on
+    evac = _evac(tmp_path)  # max_parallel=2
+    assert MIGRATIONS_AT_ONCE_ENV not in evac.pool.env
+    env, unset = _started(evac, evac.vms[0], monkeypatch)
+    assert env[MIGRATIONS_AT_ONCE_ENV] == "2" and MIGRATIONS_AT_ONCE_ENV in unset
+    fixed = replace(evac.o, scheduler="fixed:3")
+    evac.o = fixed
+    env, _ = _started(evac, evac.vms[1], monkeypatch)
+    assert env[MIGRATIONS_AT_ONCE_ENV] == "3"
+    # the child: its free memory is its share
+    for told, free in (("2", 8 << 30), ("0", 16 << 30), ("x", 16 << 30), (None, 16 << 30)):
+        if told is None:
+            monkeypatch.delenv(MIGRATIONS_AT_ONCE_ENV)
+        else:
+            monkeypatch.setenv(MIGRATIONS_AT_ONCE_ENV, told)
+        assert virt_sampling.host_hints(_Conn(), _Dom()).host_available == free

@@ -39,10 +39,10 @@ from livemig.evacuate.pool import Pool
 from livemig.evacuate.schedule import MIGRATING, QUEUED, VmFacts, VmState
 from livemig.sampling import given
 from livemig.virt.conn import libvirt_module
-from livemig.virt.plan import STOCK_FOUND_ENV, STOCK_PEER_ENV
+from livemig.virt.plan import MIGRATIONS_AT_ONCE_ENV, STOCK_FOUND_ENV, STOCK_PEER_ENV
 
 # what a child's environment gets from the evacuation, per VM, never inherited
-CHILD_ENV = (given.ENV, STOCK_PEER_ENV, STOCK_FOUND_ENV)
+CHILD_ENV = (given.ENV, STOCK_PEER_ENV, STOCK_FOUND_ENV, MIGRATIONS_AT_ONCE_ENV)
 
 POLL_S = 0.5
 EXIT_POLL_S = 0.05  # how soon a child's exit is seen between polls (a waitpid each)
@@ -269,7 +269,8 @@ class Evacuation:
             cmd += ["--set", s]
         if self.o.max_time is not None:
             cmd += ["--max-time", f"{max(1.0, self.o.max_time - self.t() + 5):.0f}"]
-        env = {}
+        # the delta caches of the migrations that run at once share the source's memory
+        env = {MIGRATIONS_AT_ONCE_ENV: str(max(1, self.o.fixed or self.o.max_parallel))}
         if v.sample_file is not None:  # the child reuses it while it is fresh
             env[given.ENV] = str(v.sample_file)
         if v.destination in self.stock:

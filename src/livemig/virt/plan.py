@@ -145,6 +145,11 @@ STOCK_PEER_ENV = "LIVEMIG_STOCK_DESTINATION"
 # ... and a file such a child writes the refused property to as soon as its first
 # attempt was refused, so that the evacuation tells the children it starts meanwhile
 STOCK_FOUND_ENV = "LIVEMIG_STOCK_FOUND"
+# set by ``livemig evacuate`` for its children: how many migrations may run at once from
+# the source host. Each child's delta cache (xbzrle's on a stock QEMU) takes its share
+# of the quarter of the host's free memory one migration may use
+# (:func:`livemig.policy.encoding.delta_cache`), so that together they stay within it
+MIGRATIONS_AT_ONCE_ENV = "LIVEMIG_MIGRATIONS_AT_ONCE"
 
 
 def lacks_peer_mechanisms(capabilities: frozenset[str], parameters: frozenset[str]

@@ -30,6 +30,7 @@ from livemig.sampling import given
 from livemig.sampling.readers import status_field
 from livemig.virt import qmp
 from livemig.virt.conn import LibvirtError, libvirt_module, message
+from livemig.virt.plan import MIGRATIONS_AT_ONCE_ENV
 
 HMP_FLAG = 1  # VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP
 
@@ -134,15 +135,27 @@ def node_meter(conn: Any) -> IdleMeter:
     return IdleMeter(node_counters(conn))
 
 
+def migrations_at_once() -> int:
+    """How many migrations ``livemig evacuate`` may run at once from this source host
+    (:data:`~livemig.virt.plan.MIGRATIONS_AT_ONCE_ENV`); 1 for a run of its own."""
+    try:
+        return max(1, int(os.environ.get(MIGRATIONS_AT_ONCE_ENV, "1")))
+    except ValueError:
+        return 1
+
+
 def host_hints(conn: Any, dom: Any, tls: bool = False,
                idle: IdleMeter | None = None, dst_local: bool = False) -> Hints:
     """The source host's CPUs beside the domain's vCPUs, its idle CPUs (``idle``, a
     meter started earlier; None: not read) and its free memory; ``tls``: the stream
-    goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte."""
+    goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte. The free
+    memory is this migration's share when an evacuation runs several at once
+    (:func:`migrations_at_once`): the delta caches of all of them are sized from it."""
     cpus = int(conn.getInfo()[2])
     vcpus = int(dom.info()[3])
     return Hints(cpus=encoding.migration_cpus(vcpus, cpus, dst_local), dst_local=dst_local,
-                 host_available=int(conn.getFreeMemory()), peek=peek_reader(dom), tls=tls,
+                 host_available=int(conn.getFreeMemory()) // migrations_at_once(),
+                 peek=peek_reader(dom), tls=tls,
                  idle=idle, local_pid=lambda: local_pid(dom), qemu_cap=False)
 
 
