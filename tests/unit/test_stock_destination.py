@@ -21,9 +21,9 @@ from livemig.sampling import given
 from livemig.virt import cli as virt_cli
 from livemig.virt import sampling as virt_sampling
 from livemig.virt.plan import (
+    MIGRATIONS_AT_ONCE_ENV,
     PEER_CAPS,
     PEER_PARAMS,
-    MIGRATIONS_AT_ONCE_ENV,
     STOCK_FOUND_ENV,
     STOCK_PEER_ENV,
     QemuInfo,
@@ -142,10 +142,10 @@ def test_the_child_reads_what_it_was_told(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 class _Conn:
-    def getInfo(self) -> list[Any]:  # noqa: N802 (libvirt's name)
+    def getInfo(self) -> list[Any]:
         return ["x86_64", 16384, 8]
 
-    def getFreeMemory(self) -> int:  # noqa: N802
+    def getFreeMemory(self) -> int:
         return 16 << 30
 
 
