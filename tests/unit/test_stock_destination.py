@@ -168,10 +168,16 @@ def test_the_migrations_an_evacuation_runs_at_once_share_the_sources_memory(
     evac.o = fixed
     env, _ = _started(evac, evac.vms[1], monkeypatch)
     assert env[MIGRATIONS_AT_ONCE_ENV] == "3"
-    # the child: its free memory is its share
+    # the child reads it once, with its other options; its free memory is its share
+    parser = _build_parser("migrate")
+    a = parser.parse_args(["migrate", "--domain", "g", "--connect", "qemu:///system",
+                           "--to", DST])
+    defaults = vars(parser.parse_args(["migrate"]))
     for told, free in (("2", 8 << 30), ("0", 16 << 30), ("x", 16 << 30), (None, 16 << 30)):
         if told is None:
             monkeypatch.delenv(MIGRATIONS_AT_ONCE_ENV)
         else:
             monkeypatch.setenv(MIGRATIONS_AT_ONCE_ENV, told)
-        assert virt_sampling.host_hints(_Conn(), _Dom()).host_available == free
+        at_once = virt_cli.options(a, defaults).at_once
+        assert virt_sampling.host_hints(_Conn(), _Dom(), at_once=at_once).host_available \
+            == free

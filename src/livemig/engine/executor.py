@@ -133,14 +133,6 @@ class PolicyExecutor:
     def active(self) -> bool:
         return bool(self.policies)
 
-    def arm_delta_fallback(self, method: str, why: str) -> bool:
-        """The stream keeps lz4's delta cache under a whole-page codec: the converge
-        throttle tries ``method`` (deltas) once before its first throttle. False when no
-        converge throttle runs (then nothing would use the cache)."""
-        if self.converge is None:
-            return False
-        self.converge.arm_delta_fallback(method, why)
-        return True
 
     def after_first_pass(self, encoding: Mapping[str, Any] | None) -> None:
         """The encoding chosen (the report's ``encoding``) switches codec once the first

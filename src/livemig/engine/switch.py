@@ -87,7 +87,8 @@ async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
     rec["switched"] = bool(change)
     if executor is not None:
         executor.after_first_pass(rec)
-        if kept is not None and executor.arm_delta_fallback(DELTA_METHOD, kept):
+        if kept is not None and executor.converge is not None:
+            executor.converge.arm_delta_fallback(DELTA_METHOD, kept)
             rec["delta_cache_kept"] = (f"{kept}: the re-sent pages go as lz4 deltas "
                                        "if the rounds would need a throttle")
             events.event("delta cache kept", encoding=rec["encoding"], reason=kept)
@@ -107,13 +108,13 @@ def _kept_cache(start: Mapping[str, str], change: Mapping[str, str],
     if start.get(encoding.DELTA_KEY, "0") == "0" or change.get(encoding.DELTA_KEY) != "0":
         return None
     samples = int(rec.get("samples") or 0)
-    share = rec.get("changed_share")
-    if not encoding.keeps_delta_cache(str(rec.get("encoding")), samples,
-                                      None if share is None else float(share)):
+    seen = rec.get("changed_share")
+    share = None if seen is None else float(seen)
+    if share is None or not encoding.keeps_delta_cache(str(rec.get("encoding")), samples,
+                                                       share):
         return None
     return (f"the sample saw {samples} rewritten page{'s' if samples != 1 else ''}, a "
-            f"median {float(share or 0):.0%} of each changed: a small writer that may "
-            "write more")
+            f"median {share:.0%} of each changed: a small writer that may write more")
 
 
 async def switch_outcome(task: asyncio.Task[dict[str, Any]], encoding: dict[str, Any] | None,

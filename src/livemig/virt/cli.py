@@ -15,7 +15,7 @@ from livemig.settings import merge, parse_sets
 from livemig.tls.creds import enabled, libvirt_one_host
 from livemig.units import parse_size
 from livemig.virt import record
-from livemig.virt.plan import STOCK_FOUND_ENV, STOCK_PEER_ENV, Request
+from livemig.virt.plan import MIGRATIONS_AT_ONCE_ENV, STOCK_FOUND_ENV, STOCK_PEER_ENV, Request
 from livemig.virt.run import DomainOptions, run_domain_migration
 
 # options of a lab run (livemig boots the guest) that mean nothing for a domain
@@ -52,7 +52,17 @@ def options(a: argparse.Namespace, defaults: dict[str, Any]) -> DomainOptions:
                          explicit=frozenset(sets), request=req, max_time=a.max_time,
                          disk_fault=offset if kind == "disk-byte" else None,
                          stock_peer=bool(told), stock_told=told,
-                         stock_found=os.environ.get(STOCK_FOUND_ENV) or None)
+                         stock_found=os.environ.get(STOCK_FOUND_ENV) or None,
+                         at_once=_at_once())
+
+
+def _at_once() -> int:
+    """How many migrations ``livemig evacuate`` runs at once from the source
+    (MIGRATIONS_AT_ONCE_ENV); 1 for a run of its own or a value that is not a count."""
+    try:
+        return max(1, int(os.environ.get(MIGRATIONS_AT_ONCE_ENV, "1")))
+    except ValueError:
+        return 1
 
 
 def _fault(items: list[str], storage: str) -> tuple[str | None, int | None]:

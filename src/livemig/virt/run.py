@@ -110,6 +110,8 @@ class DomainOptions:
     stock_peer: bool = False
     stock_told: str = ""
     stock_found: str | None = None  # a file to write the refused property to (STOCK_FOUND_ENV)
+    # migrations an evacuation runs at once from the source (MIGRATIONS_AT_ONCE_ENV)
+    at_once: int = 1
 
 
 @dataclass
@@ -313,7 +315,8 @@ class DomainMigration:
         events.subscribe(progress_listener(self.progress))
         adapted = adapt_domain(self.dom, self.src_conn, first, events, o.request.tls,
                                self.idle, peer_of(o.request.migrate_uri or o.dst_uri),
-                               dst_local=on_this_host(o.dst_uri), stock_peer=o.stock_peer)
+                               dst_local=on_this_host(o.dst_uri), stock_peer=o.stock_peer,
+                               at_once=o.at_once)
         self.run.events.extend(events.log)
         self.run.encoding = adapted.encoding
         self.deferred = adapted.deferred

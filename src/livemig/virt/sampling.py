@@ -30,7 +30,6 @@ from livemig.sampling import given
 from livemig.sampling.readers import status_field
 from livemig.virt import qmp
 from livemig.virt.conn import LibvirtError, libvirt_module, message
-from livemig.virt.plan import MIGRATIONS_AT_ONCE_ENV
 
 HMP_FLAG = 1  # VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP
 
@@ -135,26 +134,19 @@ def node_meter(conn: Any) -> IdleMeter:
     return IdleMeter(node_counters(conn))
 
 
-def migrations_at_once() -> int:
-    """How many migrations ``livemig evacuate`` may run at once from this source host
-    (:data:`~livemig.virt.plan.MIGRATIONS_AT_ONCE_ENV`); 1 for a run of its own."""
-    try:
-        return max(1, int(os.environ.get(MIGRATIONS_AT_ONCE_ENV, "1")))
-    except ValueError:
-        return 1
-
-
 def host_hints(conn: Any, dom: Any, tls: bool = False,
-               idle: IdleMeter | None = None, dst_local: bool = False) -> Hints:
+               idle: IdleMeter | None = None, dst_local: bool = False,
+               at_once: int = 1) -> Hints:
     """The source host's CPUs beside the domain's vCPUs, its idle CPUs (``idle``, a
     meter started earlier; None: not read) and its free memory; ``tls``: the stream
     goes over TLS (``VIR_MIGRATE_TLS``), which the model charges per byte. The free
-    memory is this migration's share when an evacuation runs several at once
-    (:func:`migrations_at_once`): the delta caches of all of them are sized from it."""
+    memory is this migration's share when an evacuation runs ``at_once`` of them
+    (:data:`~livemig.virt.plan.MIGRATIONS_AT_ONCE_ENV`): the delta caches of all of
+    them are sized from it."""
     cpus = int(conn.getInfo()[2])
     vcpus = int(dom.info()[3])
     return Hints(cpus=encoding.migration_cpus(vcpus, cpus, dst_local), dst_local=dst_local,
-                 host_available=int(conn.getFreeMemory()) // migrations_at_once(),
+                 host_available=int(conn.getFreeMemory()) // max(1, at_once),
                  peek=peek_reader(dom), tls=tls,
                  idle=idle, local_pid=lambda: local_pid(dom), qemu_cap=False)
 
@@ -177,12 +169,13 @@ def given_sample(name: str, events: EventStream) -> given.GivenSampler | None:
 def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream,
                  tls: bool = False, idle: IdleMeter | None = None,
                  peer: str | None = None, dst_local: bool = False,
-                 stock_peer: bool = False) -> Adapted:
+                 stock_peer: bool = False, at_once: int = 1) -> Adapted:
     """The second plan for ``dom`` (sync: libvirt runs are); ``idle``: the source
     host's idle-CPU meter, started when the run connected (else now); ``peer``: the
     destination host (the link's rate is read from the route to it); ``dst_local``:
     its daemon runs on this host; ``stock_peer``: the destination's QEMU lacks the
-    patched build (stock's codecs, no codec switch, no delta cache)."""
+    patched build (stock's codecs, no codec switch, no delta cache); ``at_once``: the
+    migrations an evacuation runs at once from this host (:func:`host_hints`)."""
     auto = (plan.livemig_setting("encoding") == "auto"
             and plan.livemig_setting("sampler") == "auto")
     reuse = given_sample(str(dom.name()), events) if auto else None  # else unused
@@ -191,7 +184,7 @@ def adapt_domain(dom: Any, conn: Any, plan: Plan, events: EventStream,
     # first attempt found otherwise (virt/run.py: refused_global)
     hints = dataclasses.replace(
         host_hints(conn, dom, tls, idle if idle is not None else node_meter(conn),
-                   dst_local),
+                   dst_local, at_once),
         peer=peer, given=reuse, dst_switch=not stock_peer,
         dst_codecs=STOCK_CODECS if stock_peer else None,
         dst_delta=False if stock_peer else None)
