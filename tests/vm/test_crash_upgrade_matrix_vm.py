@@ -55,7 +55,7 @@ def _default_sigint() -> None:
 # command to the old QEMU before which it does)
 PHASES = {
     "start": ("method", "_grab_taps"),
-    "started": ("method", "_wait_path"),
+    "started": ("method", "_wait_listening"),
     "transfer": ("method", "_wait_source_done"),
     "quit": ("command", "quit"),
 }

@@ -252,7 +252,7 @@ class Upgrade:
             if self.watch is not None:
                 self._tasks.append(asyncio.create_task(self.watch(proc.pid)))
             if mode == "cpr-transfer":
-                await self._wait_path(cprs, proc, "its cpr channel")
+                await self._wait_listening(cprs, proc, "its cpr channel")
                 self._check_interrupt()
                 await self._transfer(res, main, cprs, proc)
             else:
@@ -359,9 +359,12 @@ class Upgrade:
             out[t.id] = local
         return out
 
-    async def _wait_path(self, path: Path, proc: subprocess.Popen[bytes], what: str) -> None:
+    async def _wait_listening(self, path: Path, proc: subprocess.Popen[bytes], what: str) -> None:
+        # listening, not merely bound: the path appears at bind(), and a connect
+        # before the listen() that follows is refused (CI saw the old QEMU's migrate
+        # fail so); a probing connect would be taken as the one cpr connection
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not path.exists():
+        while str(path) not in procfs.listening_unix_paths(proc.pid):
             if proc.poll() is not None:
                 raise VMError(f"the new QEMU exited before it listened on {what}: "
                               f"{_tail(self.work / 'new.log')}")
