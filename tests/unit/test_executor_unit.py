@@ -49,8 +49,9 @@ class Recorder:
     async def set_switchover_bandwidth(self, bytes_per_s: int) -> None:
         self._call("switchover", bytes_per_s)
 
-    async def set_compression(self, method: str) -> None:
-        self.calls.append(("compression", (method,)))  # type: ignore[arg-type]
+    async def set_compression(self, method: str, delta_cache: int = 0) -> None:
+        args = (method, delta_cache) if delta_cache else (method,)
+        self.calls.append(("compression", args))  # type: ignore[arg-type]
         if "compression" in self.refuse:
             raise NotApplied("compression: refused")
 
@@ -184,6 +185,7 @@ def test_qmp_actuator_commands() -> None:
         await act.set_ram_bandwidth(8 * MB)
         await act.set_switchover_bandwidth(40 * MB)
         await act.set_compression("lz4")
+        await act.set_compression("lz4", 64 * MB)
         await act.start_postcopy()
         await act.set_mirror_speed(5 * MB)
         await act.set_io_throttle(MB)
@@ -196,6 +198,8 @@ def test_qmp_actuator_commands() -> None:
         ("migrate-set-parameters", {"max-bandwidth": 8 * MB}),
         ("migrate-set-parameters", {"avail-switchover-bandwidth": 40 * MB}),
         ("migrate-set-parameters", {"multifd-compression": "lz4"}),
+        ("migrate-set-parameters", {"x-multifd-lz4-delta-cache-size": 64 * MB,
+                                    "multifd-compression": "lz4"}),
         ("migrate-start-postcopy", {}),
         ("block-job-set-speed", {"device": "job0", "speed": 5 * MB}),
         ("block_set_io_throttle", {"id": "/machine/peripheral/d0/virtio-backend", "bps": 0,
@@ -284,3 +288,30 @@ def test_the_converge_throttle_hears_of_the_codec_switch_and_when_it_happened() 
         asyncio.run(run())
         assert ex.throttle_pct == 0  # not judged on the first pass's drain
         assert (ex.converge.rate.value is None) is reset
+
+
+def test_a_refused_delta_fallback_lets_the_next_round_throttle() -> None:
+    """The converge throttle's fallback asks for lz4 with a new delta cache instead of
+    its first throttle; applied, it measures two rounds (the first fills the cache);
+    refused (a QEMU without patch 0019), the next round is judged and throttled."""
+    def rounds(refuse: frozenset[str]) -> tuple[list[tuple[str, tuple[object, ...]]],
+                                                int]:
+        ex, rec, _ = _executor(cfg=PolicyConfig(throttle="converge"), refuse=refuse)
+        assert ex.converge is not None
+        ex.policies = [ex.converge]
+        ex.converge.arm_delta_fallback("lz4", "few rewrites", 64 * MB)
+
+        async def run() -> None:
+            await ex.tick(Snapshot(t=0, rounds=1, remaining=1000 * MB, dirty_rate=0,
+                                   bandwidth=50 * MB))
+            for t, rounds in ((2.0, 2), (4.0, 3)):
+                await ex.tick(Snapshot(t=t, rounds=rounds, remaining=200 * MB,
+                                       dirty_rate=100 * MB, bandwidth=50 * MB))
+
+        asyncio.run(run())
+        return rec.calls, ex.throttle_pct
+
+    calls, pct = rounds(frozenset())
+    assert calls[0] == ("compression", ("lz4", 64 * MB)) and pct == 0, calls
+    calls, pct = rounds(frozenset({"compression"}))
+    assert calls[0] == ("compression", ("lz4", 64 * MB)) and pct > 0, calls

@@ -456,4 +456,4 @@ def test_codecs_are_timed_on_codec_pages_of_the_sample():
 ])
 def test_a_whole_page_choice_keeps_the_delta_cache_only_for_small_rewrites(
         choice: str, samples: int, share: float | None, keeps: bool) -> None:
-    assert encoding.keeps_delta_cache(choice, samples, share) is keeps
+    assert encoding.wants_delta_fallback(choice, samples, share) is keeps

@@ -11,13 +11,22 @@ poll): the executor records that, it is not a failure of the run.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from livemig.errors import LivemigError
+from livemig.policy.encoding import DELTA_KEY
 
 
 class NotApplied(LivemigError):
     """The end refused an action (one line: what and why)."""
+
+
+def compression_params(method: str, delta_cache: int = 0) -> dict[str, Any]:
+    """``migrate-set-parameters`` arguments of a codec switch: the codec, and the new
+    delta cache's size when one is made (the cache first: QEMU checks both at once)."""
+    if delta_cache:
+        return {DELTA_KEY: delta_cache, "multifd-compression": method}
+    return {"multifd-compression": method}
 
 
 @dataclass(frozen=True)
@@ -43,9 +52,10 @@ class Actuator(Protocol):
         """QEMU's avail-switchover-bandwidth (the end puts it back afterwards, as the
         other migration parameters)."""
 
-    async def set_compression(self, method: str) -> None:
-        """The running stream's multifd codec (the end puts it back afterwards, as the
-        other migration parameters)."""
+    async def set_compression(self, method: str, delta_cache: int = 0) -> None:
+        """The running stream's multifd codec, and with ``delta_cache`` (bytes) a new
+        lz4 delta cache of that size (the end puts both back afterwards, as the other
+        migration parameters)."""
 
     async def start_postcopy(self) -> None: ...
 

@@ -179,9 +179,12 @@ class PolicyExecutor:
         elif isinstance(a, SetSwitchoverBandwidth):
             await self._switchover_bandwidth(name, a.bytes_per_s, a.guest_bytes)
         elif isinstance(a, SetCompression):
-            if await self._act(name, act.set_compression(a.method)) \
-                    and self.converge is not None:
-                self.converge.codec_switched()
+            done = await self._act(name, act.set_compression(a.method, a.delta_cache))
+            if self.converge is not None:
+                if done:
+                    self.converge.codec_switched()
+                else:
+                    self.converge.codec_refused()
         elif isinstance(a, SetRamBandwidth):
             await self._act(name, act.set_ram_bandwidth(a.bytes_per_s))
             if 0 < a.bytes_per_s < self.switchover_bw and not self.switchover_guest:

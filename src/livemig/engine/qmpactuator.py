@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
-from livemig.engine.actuator import DiskTargets, NotApplied
+from livemig.engine.actuator import DiskTargets, NotApplied, compression_params
 from livemig.engine.executor import POLICY_THROTTLES, SWITCHOVER_BW
 from livemig.errors import UsageError, VMError
 
@@ -60,8 +60,8 @@ class QmpActuator:
     async def set_switchover_bandwidth(self, bytes_per_s: int) -> None:
         await self._try("migrate-set-parameters", **{SWITCHOVER_BW: bytes_per_s})
 
-    async def set_compression(self, method: str) -> None:
-        await self._try("migrate-set-parameters", **{"multifd-compression": method})
+    async def set_compression(self, method: str, delta_cache: int = 0) -> None:
+        await self._try("migrate-set-parameters", **compression_params(method, delta_cache))
 
     async def start_postcopy(self) -> None:
         await self._try("migrate-start-postcopy")

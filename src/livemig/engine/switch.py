@@ -7,13 +7,13 @@ first pass (:attr:`~livemig.engine.adapt.Adapted.deferred`); :func:`switch` then
 the chosen codec on the source, whose channels take it at their next packet: lz4-delta
 finds every page sent so far in the cache, zstd+delta keeps zstd and the cache until
 the first pass is over (the executor's ``AfterFirstPass`` then sets lz4), any other
-choice drops it, unless the sample saw small rewrites, too few for deltas to pay
-yet: then a whole-page choice keeps it, and the converge throttle switches to lz4
-(deltas) once, instead of its first throttle
-(:func:`~livemig.policy.encoding.keeps_delta_cache`).
-QEMU refuses what would break the delta cache (resizing it, making it again after it
-was dropped), which this never asks: the choice's cache is the start's size, and the
-stream switches once here (and once more, to lz4, for zstd+delta or the fallback).
+choice drops it. When the sample saw small rewrites, too few for deltas to pay yet,
+a whole-page choice arms the converge throttle's fallback
+(:func:`~livemig.policy.encoding.wants_delta_fallback`): the first time it would
+throttle, it switches to lz4 with a new delta cache of the start's size instead
+(patch 0019 lets QEMU make a dropped cache again; a build without it refuses, and
+the throttle goes on as without the fallback). QEMU refuses resizing a kept cache,
+which this never asks: the choice's cache is the start's size.
 
 Only the multifd codec settings change mid-stream (:data:`SWITCHED`); a choice that
 needs anything else (xbzrle, another channel count) is not applied and the report says
@@ -34,6 +34,7 @@ from livemig.engine.executor import PolicyExecutor
 from livemig.errors import LivemigError
 from livemig.policy import encoding
 from livemig.settings import resolve
+from livemig.units import parse_size
 
 # the codec and what the start sets beside it (adapt.START_EXTRA): all parameters
 SWITCHED = frozenset({"multifd-compression", *START_EXTRA})
@@ -66,9 +67,7 @@ async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
     start: Mapping[str, str] = first.get("applied", {})
     rec = {**rec, "started_with": started}
     change, fixed = changes(start, {**START_EXTRA, **chosen})
-    kept = _kept_cache(start, change, rec, executor)
-    if kept is not None:
-        del change[encoding.DELTA_KEY]
+    fallback = _delta_fallback(start, change, rec, executor)
     why = None
     if fixed:
         why = f"{', '.join(fixed)} cannot change while the migration runs"
@@ -87,11 +86,13 @@ async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
     rec["switched"] = bool(change)
     if executor is not None:
         executor.after_first_pass(rec)
-        if kept is not None and executor.converge is not None:
-            executor.converge.arm_delta_fallback(DELTA_METHOD, kept)
-            rec["delta_cache_kept"] = (f"{kept}: the re-sent pages go as lz4 deltas "
-                                       "if the rounds would need a throttle")
-            events.event("delta cache kept", encoding=rec["encoding"], reason=kept)
+        if fallback is not None and executor.converge is not None:
+            reason, cache = fallback
+            executor.converge.arm_delta_fallback(DELTA_METHOD, reason, cache)
+            rec["delta_fallback"] = (f"{reason}: if the rounds would need a throttle, "
+                                     f"the re-sent pages go as lz4 deltas against a new "
+                                     f"{cache >> 20} MiB cache first")
+            events.event("delta fallback armed", encoding=rec["encoding"], reason=reason)
     events.event("encoding switched" if change else "encoding kept",
                  encoding=rec["encoding"], settings=change, after_s=rec["after_s"])
     events.say(f"stream encoding {rec['encoding']} from here on"
@@ -99,10 +100,11 @@ async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
     return rec
 
 
-def _kept_cache(start: Mapping[str, str], change: Mapping[str, str],
-                rec: Mapping[str, Any], executor: PolicyExecutor | None) -> str | None:
-    """Why the switch keeps the start's delta cache that the choice would drop
-    (:func:`livemig.policy.encoding.keeps_delta_cache`), or None: it drops it."""
+def _delta_fallback(start: Mapping[str, str], change: Mapping[str, str],
+                    rec: Mapping[str, Any], executor: PolicyExecutor | None
+                    ) -> tuple[str, int] | None:
+    """Why the converge throttle may make the delta cache the choice drops again, and
+    its size (the start's), or None (:func:`livemig.policy.encoding.wants_delta_fallback`)."""
     if executor is None or executor.converge is None:
         return None
     if start.get(encoding.DELTA_KEY, "0") == "0" or change.get(encoding.DELTA_KEY) != "0":
@@ -110,11 +112,12 @@ def _kept_cache(start: Mapping[str, str], change: Mapping[str, str],
     samples = int(rec.get("samples") or 0)
     seen = rec.get("changed_share")
     share = None if seen is None else float(seen)
-    if share is None or not encoding.keeps_delta_cache(str(rec.get("encoding")), samples,
+    if share is None or not encoding.wants_delta_fallback(str(rec.get("encoding")), samples,
                                                        share):
         return None
     return (f"the sample saw {samples} rewritten page{'s' if samples != 1 else ''}, a "
-            f"median {share:.0%} of each changed: a small writer that may write more")
+            f"median {share:.0%} of each changed: a small writer that may write more",
+            parse_size(start[encoding.DELTA_KEY]))
 
 
 async def switch_outcome(task: asyncio.Task[dict[str, Any]], encoding: dict[str, Any] | None,

@@ -112,9 +112,12 @@ class SetSwitchoverBandwidth(Action):
 @dataclass(frozen=True)
 class SetCompression(Action):
     """The running stream's multifd codec (``multifd-compression``; both ends have the
-    codec switch, patch 0012): its channels take it at their next packet."""
+    codec switch, patch 0012): its channels take it at their next packet. With
+    ``delta_cache`` (bytes) lz4's delta cache is made too, new and empty (patch 0019
+    lets a migration that dropped it make it again)."""
 
     method: str
+    delta_cache: int = 0
 
 
 @dataclass(frozen=True)

@@ -161,25 +161,27 @@ class ConvergeThrottle:
         # not the wire's (see the module's text); read by SwitchoverBandwidth
         self.full_budget = False
         self.share = Ewma(0.5)  # the vCPUs' share of the CPU they ask for (0: unknown)
-        # (codec, why): a codec that sends re-sent pages as deltas, tried once before
-        # the first throttle (arm_delta_fallback); then one round of it is measured
-        self._fallback: tuple[str, str] | None = None
-        self._measure_round = False
+        # (codec, new cache's bytes or 0, why): a codec that sends re-sent pages as
+        # deltas, tried once before the first throttle (arm_delta_fallback); then the
+        # rounds it needs are measured before any throttle
+        self._fallback: tuple[str, int, str] | None = None
+        self._measure_rounds = 0
 
-    def arm_delta_fallback(self, method: str, why: str) -> None:
-        """The stream kept lz4's delta cache under a whole-page codec because its
-        sample saw small rewrites, too few for deltas yet
-        (:func:`livemig.policy.encoding.keeps_delta_cache`): the first time this
-        policy would throttle, it switches the codec to ``method`` (lz4: re-sent pages
-        as deltas against the cache) instead and measures a round of it before any
-        throttle. A guest that started writing 128 B records flat out a few seconds
-        into its migration (1 GiB, 20 MiB/s) was held at 97-99 % for 5-7 s with zstd's
-        whole pages; a round of deltas drained ~3× the guest bytes per second, and one
+    def arm_delta_fallback(self, method: str, why: str, delta_cache: int = 0) -> None:
+        """The stream's sample saw small rewrites, too few for deltas yet, so a
+        whole-page codec was chosen (:func:`livemig.policy.encoding.wants_delta_fallback`):
+        the first time this policy would throttle, it switches the codec to ``method``
+        (lz4: re-sent pages as deltas) instead and measures its rounds before any
+        throttle: one when the stream kept its delta cache, two when it makes a new
+        one (``delta_cache`` bytes; its first round's pages miss it and go whole).
+        A guest that started writing 128 B records flat out a few seconds into its
+        migration (1 GiB, 20 MiB/s) was held at 97-99 % for 5-7 s with zstd's whole
+        pages; a round of deltas drained ~3× the guest bytes per second, and one
         throttle of 72-75 % ended it (docs/results/late-busy-2026-12-01). A guest that
-        turned to whole-page rewrites instead loses one round before its throttle,
+        turned to whole-page rewrites instead loses those rounds before its throttle,
         and its re-sent pages go in lz4 (zstd-1's ratio is ~1.2× lz4's on mixed
         data)."""
-        self._fallback = (method, why)
+        self._fallback = (method, delta_cache, why)
 
     def expect_codec_switch(self) -> None:
         """The codec changes when the first pass is over: the first decision then
@@ -193,6 +195,12 @@ class ConvergeThrottle:
         old one's (the wire's rate is the link's and stays)."""
         self.rate = Ewma(0.5)
         self._peak = 0.0
+
+    def codec_refused(self) -> None:
+        """QEMU refused the fallback's switch (a build without patch 0019 does not make
+        a dropped delta cache again): the next round is judged, and throttled if it
+        must be, as if there had been no fallback."""
+        self._measure_rounds = 0
 
     def set_switchover_bandwidth(self, bytes_per_s: int, guest_bytes: bool = False) -> None:
         """QEMU's switchover decision now uses this rate, not its estimate: so does the
@@ -233,22 +241,24 @@ class ConvergeThrottle:
             w = min(w, b)  # QEMU's own estimate: the wire rate, at most the page rate
         else:
             w = b
-        if self._measure_round:
-            self._measure_round = False  # a round in the fallback's codec: measured
+        if self._measure_rounds:
+            self._measure_rounds -= 1  # a round in the fallback's codec: measured
             return []
         before = self.percent
         actions = self._round_start(s, b, w, prev_len, prev)
         throttle = next((a for a in actions if isinstance(a, SetThrottle)), None)
         if self._fallback is None or throttle is None or throttle.percent <= before:
             return actions
-        method, why = self._fallback
+        method, cache, why = self._fallback
         self._fallback = None
         self.percent = before
-        self._measure_round = True
+        self._measure_rounds = 2 if cache else 1
+        made = f" with a new {cache >> 20} MiB delta cache" if cache else ""
+        rounds = "two rounds (the first fills the cache) are" if cache else "a round is"
         return [SetCompression(f"{throttle.reason.split(' -> ')[0]}; {why}: "
-                               f"multifd-compression -> {method} (re-sent pages as "
-                               "deltas) before any throttle, then a round of it is "
-                               "measured", method)]
+                               f"multifd-compression -> {method}{made} (re-sent pages "
+                               f"as deltas) before any throttle, then {rounds} "
+                               "measured", method, cache)]
 
     def _round_start(self, s: Snapshot, b: float, w: float, prev_len: float,
                      prev: tuple[float, int] | None) -> list[Action]:

@@ -281,8 +281,9 @@ def start_choice(ctx: Context) -> Choice:
     starts without that cost something (1 GiB guests, 50 MiB/s): lz4 with the cache
     sent ~4 % more of a whole-page writer than zstd (lz4's ratio until the sample was
     in); zstd without the cache sent each page of the records guest's first 0.7 s whole
-    twice (6.27 s against 5.61 s sampled first). A choice of zstd drops the cache,
-    unless the sample saw small rewrites, too few yet (:func:`keeps_delta_cache`).
+    twice (6.27 s against 5.61 s sampled first). A choice of zstd drops the cache; when
+    the sample saw small rewrites, too few yet, the converge throttle may make it again
+    (:func:`wants_delta_fallback`).
     A QEMU built without zstd starts with lz4-delta instead. Without the delta cache
     (``ctx.delta`` off: post-copy may follow, and QEMU refuses the cache with
     postcopy-ram) the start is zstd alone, else lz4, else plain."""
@@ -567,29 +568,28 @@ def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
                                            frozenset(codecs)), ctx)
 
 
-def keeps_delta_cache(choice: str, samples: int, changed_share: float | None) -> bool:
-    """Whether a stream that started with lz4's delta cache (:func:`start_choice`) keeps
-    it under a whole-page choice (``zstd``, ``lz4``, ``plain``) instead of dropping it at
-    the switch: when the sample saw the guest rewrite small parts of its pages (at least
-    one rewrite, the median changing at most half of its page: patch 0005 sends a page
-    of which more than half changed whole anyway), only too few of them for deltas to
-    pay now.
+def wants_delta_fallback(choice: str, samples: int, changed_share: float | None) -> bool:
+    """Whether a whole-page choice (``zstd``, ``lz4``, ``plain``) arms the converge
+    throttle's fallback to lz4 deltas: when the sample saw the guest rewrite small parts
+    of its pages (at least one rewrite, the median changing at most half of its page:
+    patch 0005 sends a page of which more than half changed whole anyway), only too
+    few of them for deltas to pay now.
 
     Such a guest (a database updating a few rows) may write more later, a batch job or
-    a cache filling during the migration; its re-sent pages then go as deltas against
-    the cache (the converge throttle's fallback, :meth:`~livemig.policy.converge.
-    ConvergeThrottle.arm_delta_fallback`) instead of whole pages that only a deep
-    throttle lets converge: a 1 GiB guest that began writing 128 B records flat out
-    during its migration was held at 92-99 % for 5-7 s without the cache.
+    a cache filling during the migration; the first time the rounds would need a
+    throttle, the stream goes to lz4 with a new delta cache instead (:meth:`~livemig.
+    policy.converge.ConvergeThrottle.arm_delta_fallback`), and its re-sent pages go as
+    deltas rather than whole pages that only a deep throttle lets converge: a 1 GiB
+    guest that began writing 128 B records flat out during its migration was held at
+    92-99 % for 5-7 s without them (docs/results/late-busy-2026-12-01).
 
-    Keeping it is not free, so a guest that showed no small rewrites does not: every
-    page sent enters the cache (a copy, and the cache's memory faulted in and freed at
-    the end). A quiet hand-started 1 GiB guest with 512 MiB written took 4.78 s
-    against 4.43 s with the cache kept at 50 MiB/s on this 2-core host (medians of 3;
-    the source's CPU 5.8 s against 4.7 s, the hold 144 ms against 72); at 20 MiB/s,
-    where the link is the bound, 9.66 s against 9.54 s (one run each;
-    docs/results/late-busy-2026-12-01). A QEMU that could make a new, empty cache
-    after dropping one would need none of this insurance (patch 0012 refuses it)."""
+    The cache is dropped at the choice and made again only then (patch 0019): kept
+    from the start, every page sent enters it, a copy and the cache's memory faulted
+    in and freed at the end; a quiet hand-started 1 GiB guest with 512 MiB written
+    took 4.78 s against 4.43 s with the cache kept at 50 MiB/s on this 2-core host
+    (medians of 3; the source's CPU 5.8 s against 4.7 s, the hold 144 ms against 72).
+    A guest that showed no small rewrites arms nothing: a whole-page rewriter's
+    throttle would come rounds later for no gain."""
     if choice not in ("zstd", "lz4", "plain"):
         return False
     return samples > 0 and changed_share is not None and changed_share <= 0.5

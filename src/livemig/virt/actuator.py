@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from livemig.engine.actuator import NotApplied
+from livemig.engine.actuator import NotApplied, compression_params
 from livemig.engine.executor import SWITCHOVER_BW
 from livemig.virt.conn import LibvirtError
 from livemig.virt.plan import LEASE_PARAM, THROTTLE_CANCEL, THROTTLE_COMMAND, THROTTLE_PARAM, mib
@@ -114,9 +114,9 @@ class LibvirtActuator:
         # libvirt 9.0 has no API for it: the monitor passthrough (the run restores it)
         self._passthrough("migrate-set-parameters", **{SWITCHOVER_BW: bytes_per_s})
 
-    async def set_compression(self, method: str) -> None:
+    async def set_compression(self, method: str, delta_cache: int = 0) -> None:
         # the codec the passthrough set at the start (the run restores it)
-        self._passthrough("migrate-set-parameters", **{"multifd-compression": method})
+        self._passthrough("migrate-set-parameters", **compression_params(method, delta_cache))
 
     async def start_postcopy(self) -> None:
         self._libvirt("migrateStartPostCopy", lambda: self.dom.migrateStartPostCopy(0))
