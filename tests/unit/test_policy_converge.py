@@ -467,16 +467,23 @@ def test_an_armed_fallback_leaves_rounds_that_need_no_throttle_alone():
                                  dirty_rate=1 * MB, bandwidth=50 * MB)) == []
 
 
+def _fallback_taken(cache: int) -> tuple[ConvergeThrottle, SetCompression]:
+    """A fallback armed with a new cache of ``cache`` bytes, taken at round 2."""
+    p = ConvergeThrottle(300)
+    p.arm_delta_fallback("lz4", "few rewrites", cache)
+    p.decide(Snapshot(t=0, rounds=1, remaining=1000 * MB, dirty_rate=0, bandwidth=50 * MB))
+    (a,) = p.decide(Snapshot(t=2.0, rounds=2, remaining=200 * MB, dirty_rate=100 * MB,
+                             bandwidth=50 * MB))
+    assert isinstance(a, SetCompression), a
+    return p, a
+
+
 def test_a_fallback_that_makes_a_new_cache_measures_two_rounds_then_may_throttle():
     """With a new delta cache the fallback's first round fills it (its pages miss and
     go whole): that round and the next are measured before any throttle; a guest the
     deltas still do not drain is throttled at the third."""
-    p = ConvergeThrottle(300)
-    p.arm_delta_fallback("lz4", "few rewrites", 256 * MB)
-    p.decide(Snapshot(t=0, rounds=1, remaining=1000 * MB, dirty_rate=0, bandwidth=50 * MB))
-    (a,) = p.decide(Snapshot(t=2.0, rounds=2, remaining=200 * MB, dirty_rate=100 * MB,
-                             bandwidth=50 * MB))
-    assert isinstance(a, SetCompression) and a.delta_cache == 256 * MB, a
+    p, a = _fallback_taken(256 * MB)
+    assert a.delta_cache == 256 * MB, a
     assert "new 256 MiB delta cache" in a.reason and "two rounds" in a.reason
     p.codec_switched()
     for t, r in ((6.0, 3), (6.4, 4)):
@@ -488,12 +495,7 @@ def test_a_fallback_that_makes_a_new_cache_measures_two_rounds_then_may_throttle
 
 
 def test_a_refused_fallback_is_not_measured():
-    p = ConvergeThrottle(300)
-    p.arm_delta_fallback("lz4", "few rewrites", 256 * MB)
-    p.decide(Snapshot(t=0, rounds=1, remaining=1000 * MB, dirty_rate=0, bandwidth=50 * MB))
-    (a,) = p.decide(Snapshot(t=2.0, rounds=2, remaining=200 * MB, dirty_rate=100 * MB,
-                             bandwidth=50 * MB))
-    assert isinstance(a, SetCompression)
+    p, _ = _fallback_taken(256 * MB)
     p.codec_refused()
     (b,) = p.decide(Snapshot(t=4.0, rounds=3, remaining=200 * MB, dirty_rate=100 * MB,
                              bandwidth=50 * MB))
