@@ -443,17 +443,20 @@ def test_codecs_are_timed_on_codec_pages_of_the_sample():
     assert sum(packed) == encoding.CODEC_PAGES * 4096
 
 
-@pytest.mark.parametrize(("choice", "samples", "share", "keeps"), [
-    ("zstd", 0, None, False),  # no rewrite seen: no sign of a small writer, no cost
-    ("zstd", 7, 0.93, False),  # whole-page rewrites: patch 0005 sends those whole
-    ("zstd", 40, 0.93, False),
-    ("zstd", 3, 0.012, True),  # a few small rewrites: a small writer at a low rate
-    ("zstd", 40, 0.1, True),
-    ("plain", 2, 0.05, True),
-    ("lz4-delta", 3, 0.012, False),  # keeps the cache anyway
-    ("zstd+delta", 3, 0.012, False),
-    ("xbzrle", 3, 0.012, False),
+@pytest.mark.parametrize(("choice", "samples", "share", "how"), [
+    # no rewrite seen: unknown; a new cache only if a throttle would be needed
+    ("zstd", 0, None, encoding.NEW_CACHE),
+    ("lz4", 0, None, encoding.NEW_CACHE),
+    ("zstd", 7, 0.93, None),  # whole-page rewrites: patch 0005 sends those whole
+    ("zstd", 40, 0.93, None),
+    ("zstd", 3, 0.012, encoding.KEEP_CACHE),  # a few small rewrites: a small writer
+    ("zstd", 40, 0.1, encoding.KEEP_CACHE),
+    ("plain", 2, 0.05, encoding.KEEP_CACHE),
+    ("zstd", 2, None, None),  # rewrites without a share: nothing to go on
+    ("lz4-delta", 3, 0.012, None),  # keeps the cache anyway
+    ("zstd+delta", 3, 0.012, None),
+    ("xbzrle", 0, None, None),
 ])
-def test_a_whole_page_choice_keeps_the_delta_cache_only_for_small_rewrites(
-        choice: str, samples: int, share: float | None, keeps: bool) -> None:
-    assert encoding.wants_delta_fallback(choice, samples, share) is keeps
+def test_a_whole_page_choice_arms_the_delta_fallback_by_what_the_sample_saw(
+        choice: str, samples: int, share: float | None, how: str | None) -> None:
+    assert encoding.delta_fallback(choice, samples, share) == how

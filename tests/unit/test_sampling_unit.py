@@ -464,12 +464,13 @@ def test_ends_that_switch_codecs_start_at_once_and_choose_beside_the_first_pass(
             "encoding switched" if sets else "encoding kept"]
 
 
-def test_a_small_writers_sample_arms_the_converge_throttles_delta_fallback():
+def test_a_whole_page_choice_arms_the_converge_throttles_delta_fallback():
     """A sample that saw a few small rewrites (3 pages, 2 % of each changed), too few
-    for deltas to pay now, chooses zstd, drops the cache the stream started with, and
-    arms the converge throttle's fallback to lz4 deltas with a new cache of the
-    start's size; a sample without rewrites or of whole-page rewrites arms nothing,
-    and neither does a run without the converge throttle (nothing would use it)."""
+    for deltas to pay now, chooses zstd, keeps the cache the stream started with and
+    arms the converge throttle's fallback to lz4 deltas against it; a sample without
+    rewrites drops the cache and arms the fallback with a new cache of the start's
+    size; a sample of whole-page rewrites arms nothing, and neither does a run
+    without the converge throttle (nothing would use it)."""
     def run(sample: dict[str, Any], cfg: PolicyConfig) -> tuple[Script, dict[str, Any],
                                                               PolicyExecutor, EventStream]:
         q = _switching_qemu(sample)
@@ -487,13 +488,20 @@ def test_a_small_writers_sample_arms_the_converge_throttles_delta_fallback():
 
     converge = PolicyConfig(throttle="converge")
     q, rec, told, events = run(_reply(3), converge)
-    assert rec["encoding"] == "zstd" and sets(q) == [{encoding.DELTA_KEY: 0}]
+    assert rec["encoding"] == "zstd" and encoding.DELTA_KEY not in str(sets(q))
     assert "3 rewritten pages, a median 2% of each" in rec["delta_fallback"]
+    assert "the kept cache" in rec["delta_fallback"] and rec["delta_cache_kept"] is True
+    assert told.converge is not None and told.converge._fallback is not None
+    assert told.converge._fallback[:2] == ("lz4", 0)
+    assert "delta fallback armed" in [e["event"] for e in events.log]
+
+    q, rec, told, events = run(_reply(0), converge)
+    assert rec["encoding"] == "zstd" and sets(q) == [{encoding.DELTA_KEY: 0}]
     assert told.converge is not None and told.converge._fallback is not None
     method, cache, _ = told.converge._fallback
-    assert method == "lz4" and cache > 0
+    assert method == "lz4" and cache > 0 and rec["delta_cache_kept"] is False
     assert f"new {cache >> 20} MiB cache" in rec["delta_fallback"]
-    assert "delta fallback armed" in [e["event"] for e in events.log]
+    assert "no rewrite" in rec["delta_fallback"]
 
     whole = _reply(rewritten=40)
     whole["changed-share"] = 0.9
@@ -504,7 +512,7 @@ def test_a_small_writers_sample_arms_the_converge_throttles_delta_fallback():
                                        for a in sets(q)]
     assert told.converge is not None and told.converge._fallback is None
 
-    for sample, cfg in ((_reply(0), converge), (_reply(3), PolicyConfig())):
+    for sample, cfg in ((_reply(0), PolicyConfig()), (_reply(3), PolicyConfig())):
         q, rec, told, _ = run(sample, cfg)
         assert rec["encoding"] == "zstd" and "delta_fallback" not in rec
         assert sets(q) == [{encoding.DELTA_KEY: 0}]

@@ -453,11 +453,12 @@ def test_attach_guest_that_turns_busy_gets_deltas_before_a_throttle(pair, tmp_pa
                                                                     ) -> None:
     """A guest that updates a few records while the page sample looks (2 MiB/s of
     128 B writes) and writes them flat out from a few seconds into the migration: the
-    sample chooses zstd and drops the delta cache but arms the converge throttle's
-    fallback (it saw small rewrites, too few for deltas to pay yet), whose first
-    decision switches the stream to lz4 with a new delta cache instead of throttling
-    (patch 0019 lets QEMU make it again). Before the fallback, the guest was held at
-    92-99 % to converge on whole zstd pages."""
+    sample chooses zstd and keeps the delta cache (it saw small rewrites, too few for
+    deltas to pay yet), and the converge throttle's first decision switches the
+    stream to lz4 deltas against it instead of throttling. Before that, the cache was
+    dropped at the sample's choice and the guest was held at 92-99 % to converge on
+    whole zstd pages. (A sample that saw no rewrite at all, whose fallback makes a new
+    cache, cannot be staged here: the guest kernel's own writes show up in it.)"""
     if not has_command_at_start(tmp_path):
         pytest.skip("stock QEMU: no codec switch (patches 0012, 0013)")
     # the writer starts 4 s after the agent's threads, the migration as they start:
@@ -476,10 +477,11 @@ def test_attach_guest_that_turns_busy_gets_deltas_before_a_throttle(pair, tmp_pa
     assert proc.returncode == 0 and rep["outcome"] == "completed", rep.get("reason")
     assert rep["consistency"]["ram"] == "ok", rep["consistency"]["ram_detail"]
     assert rep["encoding"]["encoding"] in ("zstd", "zstd-3"), rep["encoding"]
-    assert "delta_fallback" in rep["encoding"], rep["encoding"]
+    assert rep["encoding"].get("delta_cache_kept") is True, rep["encoding"]
     events = rep["events"]
     switched = [e for e in events if e["event"] == "action SetCompression"]
-    assert switched and switched[0]["method"] == "lz4" and switched[0]["delta_cache"], events
+    assert switched and switched[0]["method"] == "lz4", events
+    assert not switched[0]["delta_cache"], switched
     assert not [e for e in events if e["event"] == "action not applied"
                 and e["action"] == "SetCompression"], events
     throttled = [e for e in events if e["event"] == "action SetThrottle"]

@@ -7,13 +7,14 @@ first pass (:attr:`~livemig.engine.adapt.Adapted.deferred`); :func:`switch` then
 the chosen codec on the source, whose channels take it at their next packet: lz4-delta
 finds every page sent so far in the cache, zstd+delta keeps zstd and the cache until
 the first pass is over (the executor's ``AfterFirstPass`` then sets lz4), any other
-choice drops it. When the sample saw small rewrites, too few for deltas to pay yet,
-a whole-page choice arms the converge throttle's fallback
-(:func:`~livemig.policy.encoding.wants_delta_fallback`): the first time it would
-throttle, it switches to lz4 with a new delta cache of the start's size instead
-(patch 0019 lets QEMU make a dropped cache again; a build without it refuses, and
-the throttle goes on as without the fallback). QEMU refuses resizing a kept cache,
-which this never asks: the choice's cache is the start's size.
+choice drops it. A whole-page choice arms the converge throttle's fallback
+(:func:`~livemig.policy.encoding.delta_fallback`): the first time it would throttle,
+it switches to lz4 deltas instead. When the sample saw small rewrites, too few for
+deltas to pay yet, the switch keeps the cache for it (deltas from the fallback's
+first round); when it saw no rewrite, the cache is dropped and the fallback makes a
+new one of the start's size (patch 0019 lets QEMU make a dropped cache again; a
+build without it refuses, and the throttle goes on as without the fallback). QEMU
+refuses resizing a kept cache, which this never asks.
 
 Only the multifd codec settings change mid-stream (:data:`SWITCHED`); a choice that
 needs anything else (xbzrle, another channel count) is not applied and the report says
@@ -68,6 +69,8 @@ async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
     rec = {**rec, "started_with": started}
     change, fixed = changes(start, {**START_EXTRA, **chosen})
     fallback = _delta_fallback(start, change, rec, executor)
+    if fallback is not None and not fallback[1]:
+        del change[encoding.DELTA_KEY]  # kept for the fallback
     why = None
     if fixed:
         why = f"{', '.join(fixed)} cannot change while the migration runs"
@@ -89,10 +92,13 @@ async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
         if fallback is not None and executor.converge is not None:
             reason, cache = fallback
             executor.converge.arm_delta_fallback(DELTA_METHOD, reason, cache)
+            against = f"a new {cache >> 20} MiB cache" if cache else "the kept cache"
             rec["delta_fallback"] = (f"{reason}: if the rounds would need a throttle, "
-                                     f"the re-sent pages go as lz4 deltas against a new "
-                                     f"{cache >> 20} MiB cache first")
-            events.event("delta fallback armed", encoding=rec["encoding"], reason=reason)
+                                     f"the re-sent pages go as lz4 deltas against "
+                                     f"{against} first")
+            rec["delta_cache_kept"] = not cache
+            events.event("delta fallback armed", encoding=rec["encoding"], reason=reason,
+                         kept=not cache)
     events.event("encoding switched" if change else "encoding kept",
                  encoding=rec["encoding"], settings=change, after_s=rec["after_s"])
     events.say(f"stream encoding {rec['encoding']} from here on"
@@ -103,8 +109,9 @@ async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
 def _delta_fallback(start: Mapping[str, str], change: Mapping[str, str],
                     rec: Mapping[str, Any], executor: PolicyExecutor | None
                     ) -> tuple[str, int] | None:
-    """Why the converge throttle may make the delta cache the choice drops again, and
-    its size (the start's), or None (:func:`livemig.policy.encoding.wants_delta_fallback`)."""
+    """Why the converge throttle's fallback is armed, and the size of the new cache it
+    makes (the start's), 0 when the switch keeps the start's cache; None: no fallback
+    (:func:`livemig.policy.encoding.delta_fallback`)."""
     if executor is None or executor.converge is None:
         return None
     if start.get(encoding.DELTA_KEY, "0") == "0" or change.get(encoding.DELTA_KEY) != "0":
@@ -112,12 +119,15 @@ def _delta_fallback(start: Mapping[str, str], change: Mapping[str, str],
     samples = int(rec.get("samples") or 0)
     seen = rec.get("changed_share")
     share = None if seen is None else float(seen)
-    if share is None or not encoding.wants_delta_fallback(str(rec.get("encoding")), samples,
-                                                       share):
-        return None
-    return (f"the sample saw {samples} rewritten page{'s' if samples != 1 else ''}, a "
-            f"median {share:.0%} of each changed: a small writer that may write more",
-            parse_size(start[encoding.DELTA_KEY]))
+    how = encoding.delta_fallback(str(rec.get("encoding")), samples, share)
+    if how == encoding.KEEP_CACHE and share is not None:
+        return (f"the sample saw {samples} rewritten page{'s' if samples != 1 else ''}, a "
+                f"median {share:.0%} of each changed: a small writer that may write more",
+                0)
+    if how == encoding.NEW_CACHE:
+        return ("the sample saw no rewrite: what the guest writes if it turns busy is "
+                "unknown", parse_size(start[encoding.DELTA_KEY]))
+    return None
 
 
 async def switch_outcome(task: asyncio.Task[dict[str, Any]], encoding: dict[str, Any] | None,

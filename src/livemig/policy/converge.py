@@ -168,12 +168,12 @@ class ConvergeThrottle:
         self._measure_rounds = 0
 
     def arm_delta_fallback(self, method: str, why: str, delta_cache: int = 0) -> None:
-        """The stream's sample saw small rewrites, too few for deltas yet, so a
-        whole-page codec was chosen (:func:`livemig.policy.encoding.wants_delta_fallback`):
-        the first time this policy would throttle, it switches the codec to ``method``
-        (lz4: re-sent pages as deltas) instead and measures its rounds before any
-        throttle: one when the stream kept its delta cache, two when it makes a new
-        one (``delta_cache`` bytes; its first round's pages miss it and go whole).
+        """A whole-page codec was chosen, and the guest may turn into a small writer
+        (:func:`livemig.policy.encoding.delta_fallback`): the first time this policy
+        would throttle, it switches the codec to ``method`` (lz4: re-sent pages as
+        deltas) instead and measures its rounds before any throttle: one when the
+        stream kept its delta cache, two when it makes a new one (``delta_cache``
+        bytes; its first round's pages miss it and go whole).
         A guest that started writing 128 B records flat out a few seconds into its
         migration (1 GiB, 20 MiB/s) was held at 97-99 % for 5-7 s with zstd's whole
         pages; a round of deltas drained ~3× the guest bytes per second, and one

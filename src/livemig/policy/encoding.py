@@ -281,9 +281,8 @@ def start_choice(ctx: Context) -> Choice:
     starts without that cost something (1 GiB guests, 50 MiB/s): lz4 with the cache
     sent ~4 % more of a whole-page writer than zstd (lz4's ratio until the sample was
     in); zstd without the cache sent each page of the records guest's first 0.7 s whole
-    twice (6.27 s against 5.61 s sampled first). A choice of zstd drops the cache; when
-    the sample saw small rewrites, too few yet, the converge throttle may make it again
-    (:func:`wants_delta_fallback`).
+    twice (6.27 s against 5.61 s sampled first). A choice of zstd drops the cache unless
+    the sample saw small rewrites, too few yet (:func:`delta_fallback`).
     A QEMU built without zstd starts with lz4-delta instead. Without the delta cache
     (``ctx.delta`` off: post-copy may follow, and QEMU refuses the cache with
     postcopy-ram) the start is zstd alone, else lz4, else plain."""
@@ -568,31 +567,43 @@ def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
                                            frozenset(codecs)), ctx)
 
 
-def wants_delta_fallback(choice: str, samples: int, changed_share: float | None) -> bool:
-    """Whether a whole-page choice (``zstd``, ``lz4``, ``plain``) arms the converge
-    throttle's fallback to lz4 deltas: when the sample saw the guest rewrite small parts
-    of its pages (at least one rewrite, the median changing at most half of its page:
-    patch 0005 sends a page of which more than half changed whole anyway), only too
-    few of them for deltas to pay now.
+# how a whole-page choice arms the converge throttle's fallback to lz4 deltas
+KEEP_CACHE = "keep"  # the start's delta cache stays, deltas from the fallback's first round
+NEW_CACHE = "new"  # the cache is dropped; the fallback makes a new one (patch 0019)
 
-    Such a guest (a database updating a few rows) may write more later, a batch job or
-    a cache filling during the migration; the first time the rounds would need a
-    throttle, the stream goes to lz4 with a new delta cache instead (:meth:`~livemig.
-    policy.converge.ConvergeThrottle.arm_delta_fallback`), and its re-sent pages go as
-    deltas rather than whole pages that only a deep throttle lets converge: a 1 GiB
-    guest that began writing 128 B records flat out during its migration was held at
-    92-99 % for 5-7 s without them (docs/results/late-busy-2026-12-01).
 
-    The cache is dropped at the choice and made again only then (patch 0019): kept
-    from the start, every page sent enters it, a copy and the cache's memory faulted
-    in and freed at the end; a quiet hand-started 1 GiB guest with 512 MiB written
-    took 4.78 s against 4.43 s with the cache kept at 50 MiB/s on this 2-core host
-    (medians of 3; the source's CPU 5.8 s against 4.7 s, the hold 144 ms against 72).
-    A guest that showed no small rewrites arms nothing: a whole-page rewriter's
-    throttle would come rounds later for no gain."""
+def delta_fallback(choice: str, samples: int, changed_share: float | None) -> str | None:
+    """How a whole-page choice (``zstd``, ``lz4``, ``plain``) of a stream that started
+    with lz4's delta cache (:func:`start_choice`) arms the converge throttle's fallback
+    to lz4 deltas (:meth:`~livemig.policy.converge.ConvergeThrottle.arm_delta_fallback`:
+    the first time the rounds would need a throttle, the stream goes to lz4 deltas
+    instead), or None when it arms nothing.
+
+    - :data:`KEEP_CACHE` when the sample saw the guest rewrite small parts of its pages
+      (at least one rewrite, the median changing at most half of its page: patch 0005
+      sends a page of which more than half changed whole anyway), too few for deltas to
+      pay now. Such a guest (a database updating a few rows) may write more later, a
+      batch job or a cache filling during the migration, and the cache that saw every
+      page sent makes its re-sends deltas at once: a 1 GiB guest that began writing
+      128 B records flat out during its migration (20 MiB/s) took 15.0 s with the cache
+      kept, 21.6 s with a new one made by the fallback (its first round's pages miss
+      and go whole), and was held at 92-99 % for 5-7 s without either; keeping it cost
+      a small writer that stayed quiet nothing measurable (4.35 s against 4.44 s
+      dropped, 50 MiB/s; docs/results/delta-cache-again-2026-12-01).
+    - :data:`NEW_CACHE` when the sample saw no rewrite at all: nothing says what the
+      guest will write if it turns busy, and a cache kept for it would cost the copy of
+      every page sent (a quiet 1 GiB guest with 512 MiB written: 4.78 s against 4.43 s
+      at 50 MiB/s, its source's CPU 5.8 s against 4.7 s, docs/results/
+      late-busy-2026-12-01); the fallback makes a new cache only when a throttle would
+      be needed. A guest that turns into a whole-page writer then loses the fallback's
+      two rounds before its throttle.
+    - None when the sample saw whole-page rewrites: deltas would not pay, and the
+      throttle should not wait for them."""
     if choice not in ("zstd", "lz4", "plain"):
-        return False
-    return samples > 0 and changed_share is not None and changed_share <= 0.5
+        return None
+    if samples <= 0:
+        return NEW_CACHE
+    return KEEP_CACHE if changed_share is not None and changed_share <= 0.5 else None
 
 
 def rewrites_negligible(sample: Sample, ctx: Context) -> bool:
