@@ -452,6 +452,7 @@ def test_codecs_are_timed_on_codec_pages_of_the_sample():
     ("zstd", 3, 0.012, encoding.KEEP_CACHE),  # a few small rewrites: a small writer
     ("zstd", 40, 0.1, encoding.KEEP_CACHE),
     ("plain", 2, 0.05, encoding.KEEP_CACHE),
+    ("zstd-3", 2, 0.05, encoding.KEEP_CACHE),  # a level of zstd: whole pages too
     ("zstd", 2, None, None),  # rewrites without a share: nothing to go on
     ("lz4-delta", 3, 0.012, None),  # keeps the cache anyway
     ("zstd+delta", 3, 0.012, None),

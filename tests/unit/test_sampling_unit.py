@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 
+from livemig.engine import second_look
 from livemig.engine.adapt import START_EXTRA, Hints, adapt, multifd_codecs
 from livemig.engine.events import EventStream
 from livemig.engine.executor import PolicyConfig, PolicyExecutor
 from livemig.engine.plan import Plan
 from livemig.engine.qmpactuator import QmpActuator
 from livemig.engine.run import Engine
+from livemig.engine.second_look import Beside
 from livemig.engine.switch import changes, switch
 from livemig.errors import VMError
 from livemig.idlecpu import IdleMeter
@@ -518,6 +520,94 @@ def test_a_whole_page_choice_arms_the_converge_throttles_delta_fallback():
         assert sets(q) == [{encoding.DELTA_KEY: 0}]
 
 
+def _whole_reply() -> dict[str, Any]:
+    """A sample of whole-page rewrites: zstd, nothing armed by the first choice."""
+    whole = _reply(rewritten=40)
+    whole["changed-share"] = 0.9
+    whole["delta"]["codecs"][0]["bytes-out"] = 40 * PAGE
+    return whole
+
+
+def _second_look(later: dict[str, Any], cfg: PolicyConfig | None = None
+                 ) -> tuple[dict[str, Any], PolicyExecutor, Script]:
+    """The switch on a whole-page sample, then a second look that sees ``later``."""
+    q = _switching_qemu(Seq([_whole_reply(), later]))
+    q.replies["query-migrate"] = Seq([{"status": "active", "ram": {"dirty-sync-count": 2}}])
+    events = EventStream()
+    plan = dataclasses.replace(_plan(), bandwidth=50 << 20)
+    a = asyncio.run(adapt(q, plan, Hints(host_available=8 << 30, dst_switch=True, cpus=2.0),
+                          events))
+    assert a.deferred is not None and a.encoding is not None
+    told = PolicyExecutor(cfg or PolicyConfig(throttle="converge"), QmpActuator(q.cmd),
+                          lambda w, d: None)
+
+    async def run() -> dict[str, Any]:
+        assert a.deferred is not None
+        beside = Beside.start(q, a.deferred, a.encoding or {}, _SWITCH_PARAMS, events, told)
+        await asyncio.wait({beside.second})
+        return await beside.outcome(a.encoding, events)
+
+    return asyncio.run(run()), told, q
+
+
+def test_a_second_look_after_the_first_pass_arms_the_fallback_for_a_guest_turned_small_writer():
+    """A guest sampled rewriting whole pages (zstd, nothing armed) is looked at again
+    once the first pass is over; now rewriting small parts of its pages, it gets the
+    converge throttle's fallback with a new delta cache of the start's size (patch
+    0019). Still rewriting whole pages, nothing is armed; without the converge
+    throttle, no second look is taken."""
+    rec, told, q = _second_look(_reply(rewritten=300))
+    assert rec["encoding"].startswith("zstd") and "delta_fallback" not in rec
+    look = rec["second_look"]
+    assert look["armed"] is True and look["samples"] == 300, look
+    assert "new 1024 MiB cache" in look["delta_fallback"]
+    assert told.converge is not None and told.converge._fallback is not None
+    assert told.converge._fallback[:2] == ("lz4", 1024 << 20)
+    assert sum(1 for c, _ in q.log if c == "x-calc-ram-sample") == 2
+
+    rec, told, _ = _second_look(_whole_reply())
+    assert rec["second_look"]["armed"] is False
+    assert told.converge is not None and told.converge._fallback is None
+
+    rec, told, q = _second_look(_reply(rewritten=300), PolicyConfig())
+    assert "second_look" not in rec and told.converge is None
+    assert sum(1 for c, _ in q.log if c == "x-calc-ram-sample") == 1
+
+
+def test_no_second_look_where_the_first_choice_armed_a_fallback_or_kept_deltas():
+    first = {"applied": {encoding.DELTA_KEY: "256M"}}
+    told = PolicyExecutor(PolicyConfig(throttle="converge"), QmpActuator(Script({}).cmd),
+                          lambda w, d: None)
+    assert second_look.wanted({"switched": True, "encoding": "zstd"}, first, told) == 256 << 20
+    assert second_look.wanted({"switched": True, "encoding": "zstd-3"}, first, told) > 0
+    for rec in ({"switched": True, "encoding": "zstd", "delta_fallback": "armed"},
+                {"switched": True, "encoding": "lz4-delta"},
+                {"switched": True, "encoding": "zstd+delta"},
+                {"switched": False, "encoding": "zstd"}):
+        assert second_look.wanted(rec, first, told) == 0, rec
+    assert second_look.wanted({"switched": True, "encoding": "zstd"},
+                              {"applied": {encoding.DELTA_KEY: "0"}}, told) == 0
+    assert second_look.wanted({"switched": True, "encoding": "zstd"}, first, None) == 0
+
+
+def test_the_second_look_stops_when_the_migration_ends_first():
+    q = Script({"query-migrate": {"status": "completed"}})
+    told = PolicyExecutor(PolicyConfig(throttle="converge"), QmpActuator(q.cmd),
+                          lambda w, d: None)
+
+    async def never(_: EventStream) -> tuple[dict[str, Any], dict[str, str]]:
+        raise AssertionError("no sample once the migration ended")
+
+    async def run() -> dict[str, Any] | None:
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        done.set_result({"switched": True, "encoding": "zstd"})
+        return await second_look.look_again(q, never, done,
+                                            {"applied": {encoding.DELTA_KEY: "64M"}},
+                                            told, EventStream())
+
+    assert asyncio.run(run()) is None
+
+
 def test_a_destination_that_cannot_switch_gets_the_choice_before_the_migration():
     q = _switching_qemu()
     for dst_switch in (False, None):
@@ -569,14 +659,19 @@ def test_a_sample_still_running_when_the_migration_ends_is_stopped_and_reported(
             await never.wait()
             return {}
 
-        engine._switch = asyncio.ensure_future(sample())
+        async def second() -> dict[str, Any] | None:
+            await never.wait()
+            return None
+
+        engine._beside = Beside(asyncio.ensure_future(sample()),
+                                asyncio.ensure_future(second()))
         await asyncio.sleep(0)
-        task = engine._switch
+        tasks = (engine._beside.switch, engine._beside.second)
         await engine._switch_done()
-        return engine.encoding or {}, task.cancelled()
+        return engine.encoding or {}, all(t.cancelled() for t in tasks)
 
     enc, cancelled = asyncio.run(ended())
-    assert cancelled and enc["switched"] is False
+    assert cancelled and enc["switched"] is False and "second_look" not in enc
     assert enc["kept_because"] == "the migration ended before the sample"
 
 

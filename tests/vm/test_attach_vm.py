@@ -489,6 +489,42 @@ def test_attach_guest_that_turns_busy_gets_deltas_before_a_throttle(pair, tmp_pa
     assert guest_progress(tmp_path / "dst.agent") > 0
 
 
+def test_attach_guest_that_turns_small_writer_after_the_first_pass_gets_a_new_cache(
+        pair, tmp_path: Path) -> None:
+    """A guest that rewrites whole pages while the page sample looks (4 MiB/s) and
+    starts writing 128 B records flat out a few seconds into the migration: the sample
+    chooses zstd and arms nothing (whole-page rewrites); the second look once the first
+    pass is over sees the small rewrites and arms the converge throttle's fallback with
+    a new delta cache, which QEMU makes again (patch 0019) when the rounds would first
+    need a throttle. It fails without the second look (no fallback: a throttle first)
+    and on a build without 0019 (the switch refused)."""
+    if not has_command_at_start(tmp_path):
+        pytest.skip("stock QEMU: no codec switch (patches 0012, 0013)")
+    pair(workload="mem:size=32M,rate=4M,touch=4096+mem:size=256M,rate=0,hot=80/10,"
+         "touch=128,after=4", memory="1G", settle=0)
+    _agent_ready(tmp_path / "src.agent")
+    report = tmp_path / "r.json"
+    proc = subprocess.run(attach(tmp_path / "src.qmp", tmp_path / "dst.qmp", report,
+                                 "--profile", "livemig", "--bandwidth", "20M",
+                                 "--max-time", "120", "-q"),
+                          capture_output=True, text=True, timeout=300)
+    sys.stdout.write(proc.stdout + proc.stderr[-3000:])
+    rep: dict[str, Any] = json.loads(report.read_text())
+    assert proc.returncode == 0 and rep["outcome"] == "completed", rep.get("reason")
+    assert rep["consistency"]["ram"] == "ok", rep["consistency"]["ram_detail"]
+    enc = rep["encoding"]
+    assert enc["encoding"] in ("zstd", "zstd-3") and "delta_fallback" not in enc, enc
+    assert enc.get("second_look", {}).get("armed") is True, enc
+    events = rep["events"]
+    switched = [e for e in events if e["event"] == "action SetCompression"]
+    assert switched and switched[0]["method"] == "lz4" and switched[0]["delta_cache"], events
+    assert not [e for e in events if e["event"] == "action not applied"
+                and e["action"] == "SetCompression"], events
+    throttled = [e for e in events if e["event"] == "action SetThrottle"]
+    assert not throttled or throttled[0]["t"] > switched[0]["t"], events
+    assert guest_progress(tmp_path / "dst.agent") > 0
+
+
 def _rss_shmem_mib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("RssShmem:"):

@@ -41,9 +41,9 @@ from livemig.engine.observe import TERMINAL, Observation
 from livemig.engine.plan import Plan
 from livemig.engine.qmpactuator import QmpActuator, check_throttle
 from livemig.engine.record import MigrationRecord
+from livemig.engine.second_look import Beside
 from livemig.engine.sockstat import link_state, tcp_port
 from livemig.engine.stall import SwitchoverWatch
-from livemig.engine.switch import switch, switch_outcome
 from livemig.engine.vcpushare import VcpuShare, schedstat_reader
 from livemig.engine.verify import RamVerdict, skipped, verify_ram
 from livemig.errors import LivemigError, UsageError, VMError
@@ -145,7 +145,7 @@ class Engine:
         self.src, self.dst, self.plan = src, dst, plan
         self.encoding = encoding  # what the second plan's encoding came from (adapt)
         self.deferred = deferred  # the choice made beside the first pass (adapt)
-        self._switch: asyncio.Task[dict[str, Any]] | None = None
+        self._beside: Beside | None = None  # the deferred choice's switch and second look
         self.events = events or EventStream()
         self.hooks = hooks or Hooks()
         self.interrupt = interrupt or asyncio.Event()
@@ -251,16 +251,16 @@ class Engine:
         await self.src.cmd("migrate", uri=self.plan.uri)
         self.events.say("migration started")
         if self.deferred is not None and self.neg is not None:
-            self._switch = asyncio.ensure_future(switch(
-                self.src, self.deferred, self.encoding or {},
-                self.neg.original_src.parameters, self.events, self.executor))
+            self._beside = Beside.start(self.src, self.deferred, self.encoding or {},
+                                        self.neg.original_src.parameters, self.events,
+                                        self.executor)
 
     async def _switch_done(self) -> None:
         """The encoding switch's outcome into the report; a sample still running when
         the migration ended is stopped (the stream kept its start encoding)."""
-        task, self._switch = self._switch, None
-        if task is not None:
-            self.encoding = await switch_outcome(task, self.encoding, self.events)
+        beside, self._beside = self._beside, None
+        if beside is not None:
+            self.encoding = await beside.outcome(self.encoding, self.events)
 
     async def _postcopy_resume(self) -> bool:
         """Post-copy began: the destination (started with ``-S``, as every

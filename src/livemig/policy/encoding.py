@@ -567,13 +567,15 @@ def choose(pairs: list[tuple[bytes, bytes]], ctx: Context | None = None,
                                            frozenset(codecs)), ctx)
 
 
+# the choices that send every page whole (no delta cache of their own)
+WHOLE_PAGE = frozenset({"zstd", "zstd-3", "lz4", "plain"})
 # how a whole-page choice arms the converge throttle's fallback to lz4 deltas
 KEEP_CACHE = "keep"  # the start's delta cache stays, deltas from the fallback's first round
 NEW_CACHE = "new"  # the cache is dropped; the fallback makes a new one (patch 0019)
 
 
 def delta_fallback(choice: str, samples: int, changed_share: float | None) -> str | None:
-    """How a whole-page choice (``zstd``, ``lz4``, ``plain``) of a stream that started
+    """How a whole-page choice (:data:`WHOLE_PAGE`) of a stream that started
     with lz4's delta cache (:func:`start_choice`) arms the converge throttle's fallback
     to lz4 deltas (:meth:`~livemig.policy.converge.ConvergeThrottle.arm_delta_fallback`:
     the first time the rounds would need a throttle, the stream goes to lz4 deltas
@@ -599,7 +601,7 @@ def delta_fallback(choice: str, samples: int, changed_share: float | None) -> st
       two rounds before its throttle.
     - None when the sample saw whole-page rewrites: deltas would not pay, and the
       throttle should not wait for them."""
-    if choice not in ("zstd", "lz4", "plain"):
+    if choice not in WHOLE_PAGE:
         return None
     if samples <= 0:
         return NEW_CACHE

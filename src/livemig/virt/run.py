@@ -34,7 +34,7 @@ from livemig.engine.linkprobe import peer_of
 from livemig.engine.monitor import Monitor, Terminal
 from livemig.engine.observe import Observation
 from livemig.engine.plan import Plan as EnginePlan
-from livemig.engine.switch import switch, switch_outcome
+from livemig.engine.second_look import Beside
 from livemig.errors import LivemigError, UsageError, VMError
 from livemig.idlecpu import IdleMeter
 from livemig.progress import Progress
@@ -467,17 +467,18 @@ class DomainMigration:
     async def _watched(self, monitor: Monitor, events: EventStream) -> Terminal:
         """The monitor's loop, with the deferred encoding choice beside it: sampled
         through the domain while the first pass runs, then switched to on the source
-        (:func:`livemig.engine.switch.switch`); stopped if the migration ends first."""
+        (:func:`livemig.engine.switch.switch`), and looked at again once the first pass
+        is over (:mod:`livemig.engine.second_look`); stopped if the migration ends
+        first."""
         if self.deferred is None:
             return await monitor.run()
         assert self.qemu is not None  # probed in prepare
-        task = asyncio.ensure_future(switch(
-            DomainEnd(self.dom), self.deferred, self.run.encoding or {},
-            self.qemu.parameters, events, self.executor))
+        beside = Beside.start(DomainEnd(self.dom), self.deferred, self.run.encoding or {},
+                              self.qemu.parameters, events, self.executor)
         try:
             return await monitor.run()
         finally:
-            self.run.encoding = await switch_outcome(task, self.run.encoding, events)
+            self.run.encoding = await beside.outcome(self.run.encoding, events)
 
     def _watch_iterations(self, job: DomainJob) -> None:
         """QEMU's MIGRATION_PASS as libvirt's migration-iteration event: each round's
