@@ -500,3 +500,17 @@ def test_a_refused_fallback_is_not_measured():
     (b,) = p.decide(Snapshot(t=4.0, rounds=3, remaining=200 * MB, dirty_rate=100 * MB,
                              bandwidth=50 * MB))
     assert isinstance(b, SetThrottle) and b.percent > 0, b
+
+
+def test_deltas_started_elsewhere_are_measured_and_end_the_fallback():
+    p = ConvergeThrottle(300)
+    p.arm_delta_fallback("lz4", "few rewrites", 256 * MB)
+    p.decide(Snapshot(t=0, rounds=1, remaining=1000 * MB, dirty_rate=0, bandwidth=50 * MB))
+    p.deltas_started(new_cache=True)
+    p.codec_switched()
+    for t, r in ((2.0, 2), (4.0, 3)):
+        assert p.decide(Snapshot(t=t, rounds=r, remaining=200 * MB, dirty_rate=100 * MB,
+                                 bandwidth=50 * MB)) == []
+    (a,) = p.decide(Snapshot(t=6.0, rounds=4, remaining=250 * MB, dirty_rate=100 * MB,
+                             bandwidth=50 * MB))
+    assert isinstance(a, SetThrottle), a  # not the fallback's SetCompression

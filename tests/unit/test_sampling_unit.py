@@ -552,14 +552,25 @@ def _second_look(later: dict[str, Any], cfg: PolicyConfig | None = None
 
 def test_a_second_look_after_the_first_pass_arms_the_fallback_for_a_guest_turned_small_writer():
     """A guest sampled rewriting whole pages (zstd, nothing armed) is looked at again
-    once the first pass is over; now rewriting small parts of its pages, it gets the
-    converge throttle's fallback with a new delta cache of the start's size (patch
-    0019). Still rewriting whole pages, nothing is armed; without the converge
-    throttle, no second look is taken."""
+    once the first pass is over. Now rewriting small parts of its pages, enough for
+    the sample to choose deltas, the stream goes to lz4 with a new delta cache of the
+    start's size at once (patch 0019) and the converge throttle measures two rounds
+    of it; rewriting a few, too few for deltas yet, it gets the converge throttle's
+    fallback with a new cache. Still rewriting whole pages, nothing is armed; without
+    the converge throttle, no second look is taken."""
     rec, told, q = _second_look(_reply(rewritten=300))
     assert rec["encoding"].startswith("zstd") and "delta_fallback" not in rec
     look = rec["second_look"]
-    assert look["armed"] is True and look["samples"] == 300, look
+    assert look["samples"] == 300 and look["would_choose"] in ("lz4-delta", "zstd+delta")
+    assert look["switched_to"] == "lz4 with a new 1024 MiB delta cache", look
+    assert q.log[-1] == ("migrate-set-parameters", {encoding.DELTA_KEY: 1024 << 20,
+                                                    "multifd-compression": "lz4"})
+    assert told.converge is not None and told.converge._fallback is None
+    assert told.converge._measure_rounds == 2
+
+    rec, told, q = _second_look(_reply(rewritten=3))
+    look = rec["second_look"]
+    assert look["armed"] is True and look["would_choose"] == "zstd", look
     assert "new 1024 MiB cache" in look["delta_fallback"]
     assert told.converge is not None and told.converge._fallback is not None
     assert told.converge._fallback[:2] == ("lz4", 1024 << 20)

@@ -10,9 +10,11 @@ docs/results/late-busy-2026-12-01 was held at 97-99 % for 5-7 s.
 :func:`look_again` samples once more when the first pass is over (the source's second
 dirty-bitmap sync: every page went once, the rounds of re-sent pages begin), through
 the same sampler, and when the guest now rewrites small parts of its pages
-(:func:`livemig.policy.encoding.delta_fallback` says so) arms the converge throttle's
-fallback with a new delta cache (patch 0019): the first time the rounds would need a
-throttle, the stream goes to lz4 deltas instead. Nothing else changes: a guest still
+(:func:`livemig.policy.encoding.delta_fallback` says so): if the sample's own choice
+is now a delta encoding, the stream goes to lz4 with a new delta cache (patch 0019) at
+once; else the converge throttle's fallback is armed with one: the first time the
+rounds would need a throttle, the stream goes to lz4 deltas instead. Either way the
+converge throttle measures the rounds in deltas before any throttle. A guest still
 writing whole pages keeps its codec and its throttle, at the cost of one more sample
 (the patched QEMU's, ~0.5 s beside the migration, most of it waiting between its two
 looks). It looks only where nothing was armed by the first choice.
@@ -33,6 +35,7 @@ from livemig.engine.executor import PolicyExecutor
 from livemig.engine.switch import DELTA_METHOD, switch, switch_outcome
 from livemig.errors import LivemigError
 from livemig.policy import encoding
+from livemig.policy.base import SetCompression
 from livemig.units import parse_size
 
 POLL_S = 0.25  # how often the first pass's end is looked for
@@ -90,12 +93,29 @@ async def look_again(src: QmpEnd, deferred: Deferred, switched: asyncio.Future[d
     if small and share is not None:
         why = (f"a second look after the first pass saw {samples} rewritten "
                f"page{'s' if samples != 1 else ''}, a median {share:.0%} of each changed")
+        chosen = str(again.get("encoding"))
+        if uses_deltas(chosen):
+            out.update(armed=False, switched_to=f"{DELTA_METHOD} with a new "
+                       f"{cache >> 20} MiB delta cache")
+            events.event("second look", **out)
+            executor.converge.deltas_started(new_cache=True)
+            await executor.apply(SetCompression(
+                f"{why}, and its choice is {chosen}: multifd-compression -> "
+                f"{DELTA_METHOD} with a new {cache >> 20} MiB delta cache now",
+                DELTA_METHOD, cache))
+            return out
         executor.converge.arm_delta_fallback(DELTA_METHOD, why, cache)
         out["delta_fallback"] = (f"{why}: if the rounds would need a throttle, the re-sent "
                                  f"pages go as lz4 deltas against a new {cache >> 20} MiB "
                                  "cache first")
     events.event("second look", **out)
     return out
+
+
+def uses_deltas(choice: str) -> bool:
+    """Whether an encoding (or a level of one) sends re-sent pages as lz4 deltas."""
+    base = encoding.LEVELS.get(choice, (choice, {}))[0]
+    return encoding.DELTA_KEY in encoding.ENCODINGS.get(base, {})
 
 
 @dataclass

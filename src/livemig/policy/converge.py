@@ -196,6 +196,14 @@ class ConvergeThrottle:
         self.rate = Ewma(0.5)
         self._peak = 0.0
 
+    def deltas_started(self, new_cache: bool) -> None:
+        """The stream went to lz4 deltas by another's decision (a second look at the
+        guest's pages, :mod:`livemig.engine.second_look`): the fallback is moot, and
+        the rounds in the new codec are measured before any throttle, two with a new
+        cache (its first round's pages miss it and go whole)."""
+        self._fallback = None
+        self._measure_rounds = 2 if new_cache else 1
+
     def codec_refused(self) -> None:
         """QEMU refused the fallback's switch (a build without patch 0019 does not make
         a dropped delta cache again): the next round is judged, and throttled if it
