@@ -162,7 +162,9 @@ class PolicyExecutor:
                 self.throttle_pct, self.lease_ms))
         return verdict(actions)
 
-    async def apply(self, a: Action) -> None:
+    async def apply(self, a: Action) -> bool:
+        """Carry out one action; False when its end refused a codec switch (the
+        refusal is recorded; other refusals are too, and change nothing here)."""
         log.info("policy action %s", a)
         self.record(f"action {type(a).__name__}", asdict(a))
         name = type(a).__name__
@@ -185,6 +187,7 @@ class PolicyExecutor:
                     self.converge.codec_switched()
                 else:
                     self.converge.codec_refused()
+            return done
         elif isinstance(a, SetRamBandwidth):
             await self._act(name, act.set_ram_bandwidth(a.bytes_per_s))
             if 0 < a.bytes_per_s < self.switchover_bw and not self.switchover_guest:
@@ -196,6 +199,7 @@ class PolicyExecutor:
             self.io_cap = a.write_bytes_per_s
             await self._act(name, act.set_io_throttle(a.write_bytes_per_s))
         # AbortMigration, ForceSwitchover, StrategyExhausted: the verdict carries them
+        return True
 
     async def _switchover_bandwidth(self, what: str, bytes_per_s: int,
                                     guest_bytes: bool = False) -> None:

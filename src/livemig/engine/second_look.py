@@ -59,8 +59,9 @@ async def look_again(src: QmpEnd, deferred: Deferred, switched: asyncio.Future[d
                      first: Mapping[str, Any], executor: PolicyExecutor | None,
                      events: EventStream) -> dict[str, Any] | None:
     """Wait for the switch's choice, then, if :func:`wanted`, for the first pass's end,
-    sample again and arm the fallback if the guest now rewrites small parts of its
-    pages. Returns the report's ``encoding.second_look``, or None when it did not look
+    sample again, and if the guest now rewrites small parts of its pages switch to
+    lz4 with a new delta cache (the sample chooses deltas) or arm the fallback with
+    one. Returns the report's ``encoding.second_look``, or None when it did not look
     (the migration ended first, or nothing to look for)."""
     try:
         rec = await asyncio.shield(switched)
@@ -95,14 +96,16 @@ async def look_again(src: QmpEnd, deferred: Deferred, switched: asyncio.Future[d
                f"page{'s' if samples != 1 else ''}, a median {share:.0%} of each changed")
         chosen = str(again.get("encoding"))
         if uses_deltas(chosen):
-            out.update(armed=False, switched_to=f"{DELTA_METHOD} with a new "
-                       f"{cache >> 20} MiB delta cache")
+            out["armed"] = False
             events.event("second look", **out)
             executor.converge.deltas_started(new_cache=True)
-            await executor.apply(SetCompression(
-                f"{why}, and its choice is {chosen}: multifd-compression -> "
-                f"{DELTA_METHOD} with a new {cache >> 20} MiB delta cache now",
-                DELTA_METHOD, cache))
+            if await executor.apply(SetCompression(
+                    f"{why}, and its choice is {chosen}: multifd-compression -> "
+                    f"{DELTA_METHOD} with a new {cache >> 20} MiB delta cache now",
+                    DELTA_METHOD, cache)):
+                out["switched_to"] = f"{DELTA_METHOD} with a new {cache >> 20} MiB delta cache"
+            else:
+                out["not_switched"] = "QEMU refused a new delta cache (it lacks patch 0019)"
             return out
         executor.converge.arm_delta_fallback(DELTA_METHOD, why, cache)
         out["delta_fallback"] = (f"{why}: if the rounds would need a throttle, the re-sent "
