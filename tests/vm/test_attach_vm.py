@@ -449,23 +449,15 @@ def _agent_ready(path: Path, timeout: float = 90.0) -> None:
                 buf = buf[-4096:] + s.recv(65536)
 
 
-def test_attach_guest_that_turns_busy_gets_deltas_before_a_throttle(pair, tmp_path: Path
-                                                                    ) -> None:
-    """A guest that updates a few records while the page sample looks (2 MiB/s of
-    128 B writes) and writes them flat out from a few seconds into the migration: the
-    sample chooses zstd and keeps the delta cache (it saw small rewrites, too few for
-    deltas to pay yet), and the converge throttle's first decision switches the
-    stream to lz4 deltas against it instead of throttling. Before that, the cache was
-    dropped at the sample's choice and the guest was held at 92-99 % to converge on
-    whole zstd pages. (A sample that saw no rewrite at all, whose fallback makes a new
-    cache, cannot be staged here: the guest kernel's own writes show up in it.)"""
+def _turning_guest(pair, tmp_path: Path, workload: str) -> dict[str, Any]:
+    """Boot ``workload`` (a writer that starts 4 s after the agent's threads), migrate
+    it at 20 MiB/s with the livemig profile as the agent's threads start, and return
+    the report, checked: completed, RAM verified."""
     if not has_command_at_start(tmp_path):
         pytest.skip("stock QEMU: no codec switch (patches 0012, 0013)")
-    # the writer starts 4 s after the agent's threads, the migration as they start:
-    # the sample (its first 0.6 s) sees a quiet guest, and the first pass of ~300 MiB
-    # at 20 MiB/s (6 s or more) is not over when the writes begin
-    pair(workload="mem:size=32M,rate=2M,touch=128+mem:size=256M,rate=0,hot=80/10,"
-         "touch=128,after=4", memory="1G", settle=0)
+    # the sample (its first 0.6 s) sees the guest before its late writer starts, and
+    # the first pass of ~300 MiB at 20 MiB/s (6 s or more) is not over when it does
+    pair(workload=workload, memory="1G", settle=0)
     _agent_ready(tmp_path / "src.agent")
     report = tmp_path / "r.json"
     proc = subprocess.run(attach(tmp_path / "src.qmp", tmp_path / "dst.qmp", report,
@@ -476,17 +468,37 @@ def test_attach_guest_that_turns_busy_gets_deltas_before_a_throttle(pair, tmp_pa
     rep: dict[str, Any] = json.loads(report.read_text())
     assert proc.returncode == 0 and rep["outcome"] == "completed", rep.get("reason")
     assert rep["consistency"]["ram"] == "ok", rep["consistency"]["ram_detail"]
-    assert rep["encoding"]["encoding"] in ("zstd", "zstd-3"), rep["encoding"]
-    assert rep["encoding"].get("delta_cache_kept") is True, rep["encoding"]
+    assert guest_progress(tmp_path / "dst.agent") > 0
+    return rep
+
+
+def _deltas_before_a_throttle(rep: dict[str, Any]) -> dict[str, Any]:
+    """The first codec switch: to lz4, applied, before any throttle."""
     events = rep["events"]
     switched = [e for e in events if e["event"] == "action SetCompression"]
     assert switched and switched[0]["method"] == "lz4", events
-    assert not switched[0]["delta_cache"], switched
     assert not [e for e in events if e["event"] == "action not applied"
                 and e["action"] == "SetCompression"], events
     throttled = [e for e in events if e["event"] == "action SetThrottle"]
     assert not throttled or throttled[0]["t"] > switched[0]["t"], events
-    assert guest_progress(tmp_path / "dst.agent") > 0
+    return switched[0]
+
+
+def test_attach_guest_that_turns_busy_gets_deltas_before_a_throttle(pair, tmp_path: Path
+                                                                    ) -> None:
+    """A guest that updates a few records while the page sample looks (2 MiB/s of
+    128 B writes) and writes them flat out from a few seconds into the migration: the
+    sample chooses zstd and keeps the delta cache (it saw small rewrites, too few for
+    deltas to pay yet), and the converge throttle's first decision switches the
+    stream to lz4 deltas against it instead of throttling. Before that, the cache was
+    dropped at the sample's choice and the guest was held at 92-99 % to converge on
+    whole zstd pages. (A sample that saw no rewrite at all, whose fallback makes a new
+    cache, cannot be staged here: the guest kernel's own writes show up in it.)"""
+    rep = _turning_guest(pair, tmp_path, "mem:size=32M,rate=2M,touch=128+mem:size=256M,"
+                         "rate=0,hot=80/10,touch=128,after=4")
+    assert rep["encoding"]["encoding"] in ("zstd", "zstd-3"), rep["encoding"]
+    assert rep["encoding"].get("delta_cache_kept") is True, rep["encoding"]
+    assert not _deltas_before_a_throttle(rep)["delta_cache"]
 
 
 def test_attach_guest_that_turns_small_writer_after_the_first_pass_gets_a_new_cache(
@@ -502,32 +514,13 @@ def test_attach_guest_that_turns_small_writer_after_the_first_pass_gets_a_new_ca
     deltas, else when the rounds would first need a throttle (the converge throttle's
     fallback). It fails without the second look (a throttle first) and on a build
     without 0019 (the switch refused)."""
-    if not has_command_at_start(tmp_path):
-        pytest.skip("stock QEMU: no codec switch (patches 0012, 0013)")
-    pair(workload="mem:size=32M,rate=2M,touch=4096,fill=random+mem:size=256M,rate=0,"
-         "hot=80/10,touch=128,after=4", memory="1G", settle=0)
-    _agent_ready(tmp_path / "src.agent")
-    report = tmp_path / "r.json"
-    proc = subprocess.run(attach(tmp_path / "src.qmp", tmp_path / "dst.qmp", report,
-                                 "--profile", "livemig", "--bandwidth", "20M",
-                                 "--max-time", "120", "-q"),
-                          capture_output=True, text=True, timeout=300)
-    sys.stdout.write(proc.stdout + proc.stderr[-3000:])
-    rep: dict[str, Any] = json.loads(report.read_text())
-    assert proc.returncode == 0 and rep["outcome"] == "completed", rep.get("reason")
-    assert rep["consistency"]["ram"] == "ok", rep["consistency"]["ram_detail"]
+    rep = _turning_guest(pair, tmp_path, "mem:size=32M,rate=2M,touch=4096,fill=random+"
+                         "mem:size=256M,rate=0,hot=80/10,touch=128,after=4")
     enc = rep["encoding"]
     assert enc["encoding"] in WHOLE_PAGE and "delta_fallback" not in enc, enc
     look = enc.get("second_look", {})
     assert look.get("armed") or look.get("switched_to"), enc
-    events = rep["events"]
-    switched = [e for e in events if e["event"] == "action SetCompression"]
-    assert switched and switched[0]["method"] == "lz4" and switched[0]["delta_cache"], events
-    assert not [e for e in events if e["event"] == "action not applied"
-                and e["action"] == "SetCompression"], events
-    throttled = [e for e in events if e["event"] == "action SetThrottle"]
-    assert not throttled or throttled[0]["t"] > switched[0]["t"], events
-    assert guest_progress(tmp_path / "dst.agent") > 0
+    assert _deltas_before_a_throttle(rep)["delta_cache"]
 
 
 def _rss_shmem_mib(pid: int) -> int:
