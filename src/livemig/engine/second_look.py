@@ -32,11 +32,10 @@ from livemig.engine.adapt import Deferred
 from livemig.engine.endpoint import QmpEnd
 from livemig.engine.events import EventStream
 from livemig.engine.executor import PolicyExecutor
-from livemig.engine.switch import DELTA_METHOD, switch, switch_outcome
+from livemig.engine.switch import DELTA_METHOD, start_cache, switch, switch_outcome
 from livemig.errors import LivemigError
 from livemig.policy import encoding
 from livemig.policy.base import SetCompression
-from livemig.units import parse_size
 
 POLL_S = 0.25  # how often the first pass's end is looked for
 RUNNING = frozenset({"setup", "active"})
@@ -51,8 +50,7 @@ def wanted(rec: Mapping[str, Any], first: Mapping[str, Any],
         return 0
     if "delta_fallback" in rec or rec.get("encoding") not in encoding.WHOLE_PAGE:
         return 0
-    size = str(first.get("applied", {}).get(encoding.DELTA_KEY, "0"))
-    return parse_size(size) if size != "0" else 0
+    return start_cache(first.get("applied", {}))
 
 
 async def look_again(src: QmpEnd, deferred: Deferred, switched: asyncio.Future[dict[str, Any]],
@@ -68,8 +66,9 @@ async def look_again(src: QmpEnd, deferred: Deferred, switched: asyncio.Future[d
     except (LivemigError, asyncio.CancelledError):
         return None
     cache = wanted(rec, first, executor)
-    if not cache or executor is None or executor.converge is None:
+    if not cache:
         return None
+    assert executor is not None and executor.converge is not None  # wanted() checked
     t0 = time.monotonic()
     try:
         while True:

@@ -106,6 +106,13 @@ async def switch(src: QmpEnd, deferred: Deferred, first: Mapping[str, Any],
     return rec
 
 
+def start_cache(start: Mapping[str, Any]) -> int:
+    """The delta cache the stream started with (the start's applied settings), bytes;
+    0: none."""
+    size = str(start.get(encoding.DELTA_KEY, "0"))
+    return parse_size(size) if size != "0" else 0
+
+
 def _delta_fallback(start: Mapping[str, str], change: Mapping[str, str],
                     rec: Mapping[str, Any], executor: PolicyExecutor | None
                     ) -> tuple[str, int] | None:
@@ -114,7 +121,7 @@ def _delta_fallback(start: Mapping[str, str], change: Mapping[str, str],
     (:func:`livemig.policy.encoding.delta_fallback`)."""
     if executor is None or executor.converge is None:
         return None
-    if start.get(encoding.DELTA_KEY, "0") == "0" or change.get(encoding.DELTA_KEY) != "0":
+    if not start_cache(start) or change.get(encoding.DELTA_KEY) != "0":
         return None
     samples = int(rec.get("samples") or 0)
     seen = rec.get("changed_share")
@@ -126,7 +133,7 @@ def _delta_fallback(start: Mapping[str, str], change: Mapping[str, str],
                 0)
     if how == encoding.NEW_CACHE:
         return ("the sample saw no rewrite: what the guest writes if it turns busy is "
-                "unknown", parse_size(start[encoding.DELTA_KEY]))
+                "unknown", start_cache(start))
     return None
 
 

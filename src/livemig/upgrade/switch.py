@@ -362,9 +362,10 @@ class Upgrade:
     async def _wait_listening(self, path: Path, proc: subprocess.Popen[bytes], what: str) -> None:
         # listening, not merely bound: the path appears at bind(), and a connect
         # before the listen() that follows is refused (CI saw the old QEMU's migrate
-        # fail so); a probing connect would be taken as the one cpr connection
+        # fail so); a probing connect would be taken as the one cpr connection. The
+        # path's existence first: the /proc scan of the fds only once it is bound
         deadline = time.monotonic() + START_TIMEOUT_S
-        while str(path) not in procfs.listening_unix_paths(proc.pid):
+        while not path.exists() or str(path) not in procfs.listening_unix_paths(proc.pid):
             if proc.poll() is not None:
                 raise VMError(f"the new QEMU exited before it listened on {what}: "
                               f"{_tail(self.work / 'new.log')}")
